@@ -1,0 +1,81 @@
+"""`amqpbroker serve …` and friends."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import logging
+import sys
+from pathlib import Path
+
+from . import __version__
+from .config import ConfigError, Settings, load_settings
+
+log = logging.getLogger("amqpbroker")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="amqpbroker", description="AMQP 1.0 message broker")
+    p.add_argument("--version", action="version", version=f"amqpbroker {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the broker")
+    serve.add_argument("--config", type=Path, help="TOML config file")
+    serve.add_argument("--host", help="listen address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="AMQP port (default 5672; 0 picks a free port)")
+    serve.add_argument("--data-dir", type=Path, help="data directory (default ./data)")
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    hp = sub.add_parser("hash-password", help="print a salted SCRAM-SHA-256 hash for a user's password")
+    hp.add_argument("password", nargs="?", help="the password (prompted for when omitted)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "hash-password":
+        from .security.users import hash_password
+        print(hash_password(args.password or getpass.getpass("password: ")))
+        return 0
+    try:
+        settings = load_settings(args.config, host=args.host, port=args.port, data_dir=args.data_dir,
+                                 log_level=args.log_level)
+    except ConfigError as exc:
+        print(f"amqpbroker: {exc}", file=sys.stderr)
+        return 2
+    return serve(settings)
+
+
+def serve(settings: Settings) -> int:
+    logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        import uvloop
+        loop = uvloop.new_event_loop()
+    except ImportError:
+        loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        return loop.run_until_complete(_run(settings, loop))
+    finally:
+        loop.close()
+
+
+async def _run(settings: Settings, loop: asyncio.AbstractEventLoop) -> int:
+    from .server.app import BrokerServer, install_signal_handlers
+
+    try:
+        server = BrokerServer(settings, loop)
+        await server.start()
+    except (ValueError, OSError) as exc:
+        log.error("cannot start: %s", exc)
+        return 2
+    stopped = asyncio.Event()
+    install_signal_handlers(loop, stopped.set)
+    await stopped.wait()
+    log.info("shutting down")
+    await server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""Broker settings: a TOML file plus AMQPBROKER_* environment variables
+(pydantic-settings).  Precedence: command-line flags > environment > TOML > defaults.
+
+Nested fields use `__` in environment variables, e.g. AMQPBROKER_LIMITS__MAX_MESSAGE_SIZE.
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+
+class ClientIdPolicy(str, enum.Enum):
+    """WebLogic's client-id policy (seed 003): `restricted` allows one connection per
+    container-id when the client asks for sole-connection-for-container."""
+    RESTRICTED = "restricted"
+    UNRESTRICTED = "unrestricted"
+
+
+class TlsConfig(BaseModel):
+    host: str = "127.0.0.1"
+    port: int = Field(5671, ge=0, le=65535)
+    cert_file: Path
+    key_file: Path
+    allow_anonymous: bool | None = None
+    client_id_policy: ClientIdPolicy = ClientIdPolicy.RESTRICTED
+
+
+class UserConfig(BaseModel):
+    # A hash from `amqpbroker hash-password` (scram-sha-256$…); plaintext is accepted
+    # and hashed at start-up, but a production config should store hashes only.
+    password: str
+    groups: list[str] = []
+
+
+class LimitsConfig(BaseModel):
+    max_connections: int = Field(10_000, ge=1)
+    max_sessions_per_connection: int = Field(256, ge=1)     # also the advertised channel-max + 1
+    max_links_per_connection: int = Field(4096, ge=1)
+    max_frame_size: int = Field(65_536, ge=512)              # AMQP 1.0 §2.7.1 minimum is 512
+    max_message_size: int = Field(100 * 1024 * 1024, ge=1024)
+    idle_timeout: float = Field(60.0, ge=0)                  # seconds; 0 disables
+    link_credit: int = Field(1000, ge=1)                     # credit granted to producers
+
+
+class PolicyConfig(BaseModel):
+    auto_create_queues: bool = True
+    max_delivery_attempts: int = Field(0, ge=0)              # 0: unlimited
+    dead_letter_address: str | None = None
+    max_consumers_per_subscription: int = Field(0, ge=0)     # 0: unlimited
+
+
+class ExchangeDecl(BaseModel):
+    name: str
+    type: Literal["direct", "topic", "fanout"] = "topic"
+    durable: bool = True
+
+
+class QueueDecl(BaseModel):
+    name: str
+    durable: bool = True
+    max_delivery_attempts: int | None = None
+
+
+class BindingDecl(BaseModel):
+    exchange: str
+    queue: str
+    key: str = ""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="AMQPBROKER_", env_nested_delimiter="__",
+                                      extra="forbid")
+
+    container_id: str = "amqpbroker"
+    host: str = "127.0.0.1"
+    port: int = Field(5672, ge=0, le=65535)
+    # None: ANONYMOUS only on loopback listeners (AMQP clients on this machine).
+    allow_anonymous: bool | None = None
+    client_id_policy: ClientIdPolicy = ClientIdPolicy.RESTRICTED
+    tls: TlsConfig | None = None
+    data_dir: Path = Path("data")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    users: dict[str, UserConfig] = {}
+    limits: LimitsConfig = LimitsConfig()
+    policy: PolicyConfig = PolicyConfig()
+    exchanges: list[ExchangeDecl] = []
+    queues: list[QueueDecl] = []
+    bindings: list[BindingDecl] = []
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings,
+                                   dotenv_settings, file_secret_settings):
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        toml = _CONFIG_FILE.get("path")
+        if toml is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml))
+        return tuple(sources)
+
+
+_CONFIG_FILE: dict[str, Path | None] = {"path": None}
+
+
+class ConfigError(Exception):
+    """A configuration problem, with one line a person can act on."""
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Load settings; raise ConfigError naming the offending field."""
+    if config_file is not None and not Path(config_file).is_file():
+        raise ConfigError(f"config file {config_file} does not exist")
+    _CONFIG_FILE["path"] = Path(config_file) if config_file else None
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        raise ConfigError(f"invalid setting '{field}': {err['msg']}") from None
+    except (ValueError, OSError) as exc:  # TOML syntax errors
+        raise ConfigError(f"cannot read config {config_file}: {exc}") from None
+    finally:
+        _CONFIG_FILE["path"] = None
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def anonymous_allowed(setting: bool | None, host: str) -> bool:
+    return is_loopback(host) if setting is None else setting

@@ -1,0 +1,228 @@
+"""The broker model: exchanges, queues, bindings and routing.  Pure: no I/O.
+
+The I/O layer resolves link addresses here at attach time and hands every
+received message to `publish()`; queues call back into the I/O layer only
+through the `ConsumerPort` of their consumers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from .addresses import AddressKind, AddressNotFound, Resolution, resolve
+from .exchanges import Binding, BindingFilter, Exchange, ExchangeType
+from .message import JMS_DEST, Message
+from .queues import Entry, ExclusivityPolicy, LifetimePolicy, Queue
+
+log = logging.getLogger("amqpbroker.broker")
+
+BUILTIN_EXCHANGES = (
+    ("amq.direct", ExchangeType.DIRECT),
+    ("amq.topic", ExchangeType.TOPIC),
+    ("amq.fanout", ExchangeType.FANOUT),
+)
+
+
+@dataclass
+class BrokerPolicy:
+    auto_create_queues: bool = True
+    max_delivery_attempts: int = 0          # 0: unlimited
+    dead_letter_address: str | None = None  # queue or exchange[/key]
+    max_consumers_per_subscription: int = 0  # 0: unlimited
+    topic_exchange: str = "amq.topic"
+
+
+class Broker:
+    def __init__(self, policy: BrokerPolicy | None = None, clock: Callable[[], float] = time.time):
+        self.policy = policy or BrokerPolicy()
+        self.clock = clock
+        self.exchanges: dict[str, Exchange] = {}
+        self.queues: dict[str, Queue] = {}
+        self.routed_total = 0
+        self.unroutable_total = 0
+        for name, kind in BUILTIN_EXCHANGES:
+            self.exchanges[name] = Exchange(name, kind, durable=True, builtin=True)
+        # Hooks for the store (durable entities) — set by the persistence layer.
+        self.on_queue_declared: Callable[[Queue], None] | None = None
+        self.on_queue_deleted: Callable[[Queue], None] | None = None
+        self.on_binding_changed: Callable[[Binding, bool], None] | None = None
+
+    # ------------------------------------------------------------------ entities
+
+    def declare_exchange(self, name: str, kind: ExchangeType | str, durable: bool = True) -> Exchange:
+        existing = self.exchanges.get(name)
+        if existing is not None:
+            if existing.type is not ExchangeType(kind):
+                raise ValueError(f"exchange '{name}' exists with type {existing.type.value}")
+            return existing
+        exchange = Exchange(name, ExchangeType(kind), durable=durable)
+        self.exchanges[name] = exchange
+        return exchange
+
+    def declare_queue(
+        self,
+        name: str,
+        *,
+        durable: bool = False,
+        exclusivity: ExclusivityPolicy = ExclusivityPolicy.NONE,
+        lifetime: LifetimePolicy = LifetimePolicy.PERMANENT,
+        owner: Any = None,
+        max_delivery_attempts: int | None = None,
+        max_consumers: int = 0,
+    ) -> Queue:
+        queue = self.queues.get(name)
+        if queue is not None:
+            return queue
+        queue = Queue(
+            name,
+            durable=durable,
+            exclusivity=exclusivity,
+            lifetime=lifetime,
+            owner=owner,
+            max_delivery_attempts=(self.policy.max_delivery_attempts
+                                   if max_delivery_attempts is None else max_delivery_attempts),
+            max_consumers=max_consumers,
+            dead_letter=lambda entry, reason, _q=name: self._dead_letter(_q, entry, reason),
+            clock=self.clock,
+        )
+        self.queues[name] = queue
+        if self.on_queue_declared is not None:
+            self.on_queue_declared(queue)
+        return queue
+
+    def delete_queue(self, name: str) -> Queue | None:
+        queue = self.queues.pop(name, None)
+        if queue is None:
+            return None
+        for exchange in self.exchanges.values():
+            for binding in exchange.unbind_queue(queue):
+                if self.on_binding_changed is not None:
+                    self.on_binding_changed(binding, False)
+        queue.purge()
+        queue.deleted = True
+        if self.on_queue_deleted is not None:
+            self.on_queue_deleted(queue)
+        return queue
+
+    def bind(self, exchange: str, key: str, queue: Queue, filter: BindingFilter | None = None,
+             arguments: dict | None = None) -> Binding:
+        binding = Binding(exchange, key, queue, filter, dict(arguments or {}))
+        self.exchanges[exchange].bind(binding)
+        if self.on_binding_changed is not None:
+            self.on_binding_changed(binding, True)
+        return binding
+
+    def unbind(self, binding: Binding) -> None:
+        exchange = self.exchanges.get(binding.exchange)
+        if exchange is not None:
+            exchange.unbind(binding)
+            if self.on_binding_changed is not None:
+                self.on_binding_changed(binding, False)
+
+    def bindings_of(self, queue: Queue) -> list[Binding]:
+        return [b for ex in self.exchanges.values() for b in ex.bindings if b.queue is queue]
+
+    # ------------------------------------------------------------------ addresses
+
+    def resolve(self, address: str, *, topic: bool = False) -> Resolution:
+        """Resolve a link address (see addresses.py); raises AddressNotFound."""
+        return resolve(
+            address,
+            queue_exists=self.queues.__contains__,
+            exchange_exists=self.exchanges.__contains__,
+            topic=topic,
+            auto_create=self.policy.auto_create_queues,
+            topic_exchange=self.policy.topic_exchange,
+        )
+
+    def resolve_for_relay(self, msg: Message) -> Resolution:
+        """Anonymous relay (AMQP 1.0 §2.6.3 note; ANONYMOUS-RELAY): route by `to`.
+        Qpid JMS marks topics with x-opt-jms-dest 1 (topic) or 3 (temporary topic)."""
+        to = msg.prop("to")
+        if not to:
+            raise AddressNotFound("", "message has no 'to' address for the anonymous relay")
+        dest_type = msg.annotations.get(JMS_DEST) if msg.has_section(0x72) else None
+        return self.resolve(str(to), topic=dest_type in (1, 3))
+
+    # ------------------------------------------------------------------ routing
+
+    def publish(self, msg: Message, target: Resolution) -> list[Queue]:
+        """Route a message to every queue the target reaches; return those queues."""
+        if target.kind is AddressKind.QUEUE:
+            queue = self.queues.get(target.name)
+            if queue is None:  # deleted since the link attached
+                raise AddressNotFound(target.name, f"queue '{target.name}' no longer exists")
+            queues = [queue]
+        elif target.kind is AddressKind.NEW_QUEUE:
+            queues = [self.declare_queue(target.name)]
+        else:
+            queues = self.route(target.name, target.key, msg)
+        if not queues:
+            self.unroutable_total += 1
+            return queues
+        self.routed_total += 1
+        for queue in queues:
+            queue.enqueue(msg)
+        return queues
+
+    def route(self, exchange_name: str, key: str | None, msg: Message) -> list[Queue]:
+        exchange = self.exchanges.get(exchange_name)
+        if exchange is None:
+            raise AddressNotFound(exchange_name, f"exchange '{exchange_name}' no longer exists")
+        if key is None:
+            subject = msg.prop("subject") if msg.has_section(0x73) else None
+            key = "" if subject is None else str(subject)
+        bindings = exchange.route(key)
+        if len(bindings) == 1 and bindings[0].filter is None:
+            return [bindings[0].queue]
+        seen: dict[int, Queue] = {}
+        for binding in bindings:
+            queue = binding.queue
+            if id(queue) in seen:
+                continue
+            if binding.filter is not None and not binding.filter(msg):
+                continue
+            seen[id(queue)] = queue
+        return list(seen.values())
+
+    # ------------------------------------------------------------------ timers
+
+    def next_wakeup(self) -> float | None:
+        times = [t for q in self.queues.values() if (t := q.next_wakeup()) is not None]
+        return min(times) if times else None
+
+    def tick(self, now: float | None = None) -> None:
+        now = self.clock() if now is None else now
+        for queue in list(self.queues.values()):
+            queue.promote_due(now)
+
+    def sweep_expired(self, now: float | None = None) -> int:
+        now = self.clock() if now is None else now
+        return sum(q.expire_sweep(now) for q in list(self.queues.values()))
+
+    # ------------------------------------------------------------------ dead letters
+
+    def _dead_letter(self, queue_name: str, entry: Entry, reason: str) -> None:
+        address = self.policy.dead_letter_address
+        if not address or address == queue_name:
+            log.info("queue %s: dropped message seq=%d (%s; no dead-letter address)",
+                     queue_name, entry.seq, reason)
+            return
+        copy = Message(entry.payload(), publisher=entry.msg.publisher)
+        try:
+            target = self.resolve(address)
+            queues = self.publish(copy, target)
+        except AddressNotFound as exc:
+            log.warning("queue %s: dead-letter address %s unusable (%s); message dropped",
+                        queue_name, address, exc.why)
+            return
+        log.info("queue %s: message seq=%d dead-lettered to %s (%s)",
+                 queue_name, entry.seq, address, reason)
+        if not queues:
+            log.warning("queue %s: dead-letter address %s routed nowhere", queue_name, address)
+
+    def queues_owned_by(self, owner: Any) -> Iterable[Queue]:
+        return [q for q in self.queues.values() if q.owner is owner]

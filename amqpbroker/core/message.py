@@ -1,0 +1,276 @@
+"""A message as the raw bytes its producer sent, with lazily decoded sections.
+
+AMQP 1.0 §3.2 lays a bare message out as a sequence of described sections; the
+broker only ever changes the header (delivery-count on redelivery, §3.2.1), so a
+message keeps the producer's bytes and splices a new header in front of the rest
+when it must.  Sections other than the header are decoded on first use and cached.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from proton import symbol, ubyte, uint
+
+from .codec import DecodeError, decode, encode, skip
+
+# Section descriptor codes, AMQP 1.0 §3.2.
+HEADER = 0x70
+DELIVERY_ANNOTATIONS = 0x71
+MESSAGE_ANNOTATIONS = 0x72
+PROPERTIES = 0x73
+APPLICATION_PROPERTIES = 0x74
+DATA = 0x75
+AMQP_SEQUENCE = 0x76
+AMQP_VALUE = 0x77
+FOOTER = 0x78
+
+_SECTION_SYMBOLS = {
+    "amqp:header:list": HEADER,
+    "amqp:delivery-annotations:map": DELIVERY_ANNOTATIONS,
+    "amqp:message-annotations:map": MESSAGE_ANNOTATIONS,
+    "amqp:properties:list": PROPERTIES,
+    "amqp:application-properties:map": APPLICATION_PROPERTIES,
+    "amqp:data:binary": DATA,
+    "amqp:amqp-sequence:list": AMQP_SEQUENCE,
+    "amqp:amqp-value:*": AMQP_VALUE,
+    "amqp:footer:map": FOOTER,
+}
+
+# Field positions of the properties list, AMQP 1.0 §3.2.4.
+_PROPERTY_FIELDS = (
+    "message_id", "user_id", "to", "subject", "reply_to", "correlation_id",
+    "content_type", "content_encoding", "absolute_expiry_time", "creation_time",
+    "group_id", "group_sequence", "reply_to_group_id",
+)
+_PROPERTY_INDEX = {name: i for i, name in enumerate(_PROPERTY_FIELDS)}
+
+DEFAULT_PRIORITY = 4  # AMQP 1.0 §3.2.1
+
+DELIVERY_TIME = symbol("x-opt-delivery-time")
+DELIVERY_DELAY = symbol("x-opt-delivery-delay")
+JMS_DEST = symbol("x-opt-jms-dest")
+
+
+class MalformedMessage(ValueError):
+    """The transfer payload is not a valid AMQP bare/annotated message."""
+
+
+class Message:
+    """Raw message bytes plus the few header fields the broker routes on."""
+
+    __slots__ = (
+        "raw", "size", "durable", "priority", "ttl", "first_acquirer", "delivery_count",
+        "_header_end", "_spans", "_props", "_app", "_annotations",
+        "publisher", "arrival",
+    )
+
+    def __init__(self, raw: bytes, publisher: Any = None, arrival: float | None = None):
+        self.raw = raw
+        self.size = len(raw)
+        self.publisher = publisher  # opaque id of the publishing connection (no-local)
+        self.arrival = time.time() if arrival is None else arrival
+        self.durable = False
+        self.priority = DEFAULT_PRIORITY
+        self.ttl: int | None = None
+        self.first_acquirer = False
+        self.delivery_count = 0
+        self._header_end = 0
+        self._props: list | None = None
+        self._app: dict | None = None
+        self._annotations: dict | None = None
+        self._spans = _scan(raw)
+        span = self._spans.get(HEADER)
+        if span is not None:
+            self._read_header(span)
+
+    def _read_header(self, span: tuple[int, int]) -> None:
+        start, end = span
+        try:
+            fields, _ = decode(self.raw, start)
+        except DecodeError as exc:
+            raise MalformedMessage(f"bad header section: {exc}") from exc
+        if not isinstance(fields, list):
+            raise MalformedMessage("header section is not a list")
+        fields = fields + [None] * (5 - len(fields))
+        self.durable = bool(fields[0])
+        self.priority = DEFAULT_PRIORITY if fields[1] is None else int(fields[1])
+        self.ttl = None if fields[2] is None else int(fields[2])
+        self.first_acquirer = bool(fields[3])
+        self.delivery_count = 0 if fields[4] is None else int(fields[4])
+        self._header_end = end
+
+    # ------------------------------------------------------------------ sections
+
+    def has_section(self, code: int) -> bool:
+        return code in self._spans
+
+    def _section(self, code: int) -> Any:
+        span = self._spans.get(code)
+        if span is None:
+            return None
+        try:
+            return decode(self.raw, span[0])[0]
+        except DecodeError as exc:
+            raise MalformedMessage(f"bad section 0x{code:02x}: {exc}") from exc
+
+    @property
+    def properties(self) -> list:
+        if self._props is None:
+            fields = self._section(PROPERTIES) or []
+            if not isinstance(fields, list):
+                raise MalformedMessage("properties section is not a list")
+            self._props = fields + [None] * (len(_PROPERTY_FIELDS) - len(fields))
+        return self._props
+
+    def prop(self, name: str) -> Any:
+        return self.properties[_PROPERTY_INDEX[name]]
+
+    @property
+    def application_properties(self) -> dict:
+        if self._app is None:
+            value = self._section(APPLICATION_PROPERTIES) or {}
+            if not isinstance(value, dict):
+                raise MalformedMessage("application-properties section is not a map")
+            self._app = value
+        return self._app
+
+    @property
+    def annotations(self) -> dict:
+        if self._annotations is None:
+            value = self._section(MESSAGE_ANNOTATIONS) or {}
+            if not isinstance(value, dict):
+                raise MalformedMessage("message-annotations section is not a map")
+            self._annotations = value
+        return self._annotations
+
+    def group_id(self) -> str | None:
+        """JMSXGroupID (properties group-id, §3.2.4), or None."""
+        if PROPERTIES not in self._spans:
+            return None
+        group = self.prop("group_id")
+        return None if group is None else str(group)
+
+    def body(self) -> Any:
+        """The decoded body (first body section): bytes for data, else the value."""
+        for code in (DATA, AMQP_VALUE, AMQP_SEQUENCE):
+            if code in self._spans:
+                return self._section(code)
+        return None
+
+    # ------------------------------------------------------------------ derived
+
+    def expiry_time(self) -> float | None:
+        """Absolute expiry in epoch seconds, from header ttl (§3.2.1) or
+        properties absolute-expiry-time (§3.2.4), the earlier of the two."""
+        candidates = []
+        if self.ttl is not None:
+            candidates.append(self.arrival + self.ttl / 1000.0)
+        if PROPERTIES in self._spans:
+            absolute = self.prop("absolute_expiry_time")
+            if absolute:
+                candidates.append(absolute / 1000.0)
+        return min(candidates) if candidates else None
+
+    def delivery_time(self) -> float | None:
+        """Scheduled delivery time (x-opt-delivery-time / x-opt-delivery-delay)."""
+        span = self._spans.get(MESSAGE_ANNOTATIONS)
+        if span is None or b"x-opt-delivery-" not in self.raw[span[0]:span[1]]:
+            return None
+        annotations = self.annotations
+        when = annotations.get(DELIVERY_TIME)
+        if when is not None:
+            return int(when) / 1000.0
+        delay = annotations.get(DELIVERY_DELAY)
+        if delay is not None and int(delay) > 0:
+            return self.arrival + int(delay) / 1000.0
+        return None
+
+    def encoded(self, delivery_count: int) -> bytes:
+        """The bytes to transfer with this delivery-count in the header (§3.2.1)."""
+        if delivery_count == self.delivery_count:
+            return self.raw
+        header = encode_header(self.durable, self.priority, self.ttl, self.first_acquirer, delivery_count)
+        return header + self.raw[self._header_end:]
+
+
+def encode_header(durable: bool, priority: int, ttl: int | None, first_acquirer: bool,
+                  delivery_count: int) -> bytes:
+    fields = [durable, ubyte(priority), None if ttl is None else uint(ttl), first_acquirer,
+              uint(delivery_count)]
+    return b"\x00\x53\x70" + encode(fields)
+
+
+def _scan(raw: bytes) -> dict[int, tuple[int, int]]:
+    """Map section code → (value start, section end). Body sections may repeat
+    (several data sections): the first one is recorded."""
+    spans: dict[int, tuple[int, int]] = {}
+    off = 0
+    n = len(raw)
+    try:
+        while off < n:
+            if raw[off] != 0x00:
+                raise MalformedMessage(f"expected a described section at offset {off}")
+            if raw[off + 1] == 0x53:  # smallulong descriptor, the common case
+                code = raw[off + 2]
+                value_start = off + 3
+            else:
+                descriptor, value_start = decode(raw, off + 1)
+                code = _SECTION_SYMBOLS.get(descriptor, descriptor) if isinstance(descriptor, str) else int(descriptor)
+            if not HEADER <= code <= FOOTER:
+                raise MalformedMessage(f"unknown section descriptor {code!r}")
+            end = skip(raw, value_start)
+            if end > n:
+                raise MalformedMessage("section runs past the end of the message")
+            spans.setdefault(code, (value_start, end))
+            off = end
+    except (DecodeError, IndexError) as exc:
+        raise MalformedMessage(f"malformed message: {exc}") from exc
+    return spans
+
+
+# JMS header names → how to read them, per the AMQP JMS Mapping (OASIS amqp-bindmap-jms)
+# that Qpid JMS implements; JMS 2.0 §3.8.1.1 lists the identifiers a selector may use.
+def _jms_delivery_mode(msg: Message, count: int) -> str:
+    return "PERSISTENT" if msg.durable else "NON_PERSISTENT"
+
+
+_JMS_HEADERS: dict[str, Callable[[Message, int], Any]] = {
+    "JMSMessageID": lambda m, c: _jms_id(m.prop("message_id")),
+    "JMSCorrelationID": lambda m, c: _jms_id(m.prop("correlation_id")),
+    "JMSType": lambda m, c: m.prop("subject"),
+    "JMSPriority": lambda m, c: m.priority,
+    "JMSTimestamp": lambda m, c: m.prop("creation_time"),
+    "JMSExpiration": lambda m, c: m.prop("absolute_expiry_time"),
+    "JMSDeliveryMode": _jms_delivery_mode,
+    "JMSRedelivered": lambda m, c: c > 0,
+    "JMSXDeliveryCount": lambda m, c: c + 1,
+    "JMSXGroupID": lambda m, c: m.prop("group_id"),
+    "JMSXGroupSeq": lambda m, c: m.prop("group_sequence"),
+    "JMSXUserID": lambda m, c: _text(m.prop("user_id")),
+}
+
+
+def _jms_id(value: Any) -> Any:
+    if value is None or isinstance(value, str):
+        return value
+    return f"ID:{value}"
+
+
+def _text(value: Any) -> Any:
+    if isinstance(value, (bytes, memoryview)):
+        return bytes(value).decode("utf-8", "replace")
+    return value
+
+
+def selector_lookup(msg: Message, delivery_count: int) -> Callable[[str], Any]:
+    """The identifier resolver a JMS selector evaluates against (JMS 2.0 §3.8.1)."""
+
+    def lookup(name: str) -> Any:
+        header = _JMS_HEADERS.get(name)
+        if header is not None:
+            return header(msg, delivery_count)
+        return msg.application_properties.get(name)
+
+    return lookup

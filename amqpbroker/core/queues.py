@@ -1,0 +1,410 @@
+"""Queues: ordered entries, consumers, credit-aware round-robin dispatch, outcomes.
+
+Pure model: no sockets, no proton.  The I/O layer implements `ConsumerPort` for a
+sending link and calls `settle()` with the outcome the peer chose.
+
+Ordering: entries are kept per priority (0–9, higher first, FIFO within a
+priority; AMQP 1.0 §3.2.1 leaves the scheme to the broker, JMS 2.0 §6.9 asks for
+0–9).  An entry that comes back (released, modified, link closed) returns to its
+original position by sequence number, so redeliveries keep their original order.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import itertools
+import logging
+import time
+from collections import deque
+from typing import Any, Callable, Iterator, Protocol
+
+from .message import Message
+
+log = logging.getLogger("amqpbroker.queue")
+
+PRIORITY_LEVELS = 10
+
+
+class ExclusivityPolicy(str, enum.Enum):
+    NONE = "none"                      # any number of consumers (plain queues)
+    LINK = "link"                      # one consumer link at a time
+    SHARED_SUBSCRIPTION = "shared-subscription"
+
+
+class LifetimePolicy(str, enum.Enum):
+    """From the source expiry policy (AMQP 1.0 §3.5.6), as in the seed table."""
+    PERMANENT = "permanent"                          # expiry-policy never
+    DELETE_ON_NO_LINKS = "delete-on-no-links"        # link-detach
+    DELETE_ON_SESSION_END = "delete-on-session-end"  # session-end
+    DELETE_ON_CONNECTION_CLOSE = "delete-on-connection-close"  # connection-close
+
+
+class Outcome(str, enum.Enum):
+    ACCEPTED = "accepted"
+    RELEASED = "released"
+    MODIFIED = "modified"
+    REJECTED = "rejected"
+
+
+class ConsumerPort(Protocol):
+    """What a queue needs from a consumer (implemented by the I/O layer)."""
+
+    consumer_id: int
+    browser: bool         # distribution-mode copy: sees entries without acquiring them
+    filtered: bool        # True when accepts() may say no (selector, no-local)
+
+    def credit(self) -> int: ...
+    def accepts(self, entry: "Entry") -> bool: ...
+    def deliver(self, entry: "Entry") -> None: ...
+
+
+class Entry:
+    """A message's place in one queue."""
+
+    __slots__ = ("msg", "seq", "priority", "delivery_count", "expires_at", "deliver_at",
+                 "consumer", "excluded", "group", "store_ref")
+
+    def __init__(self, msg: Message, seq: int):
+        self.msg = msg
+        self.seq = seq
+        p = msg.priority
+        self.priority = 0 if p < 0 else (PRIORITY_LEVELS - 1 if p >= PRIORITY_LEVELS else p)
+        self.delivery_count = msg.delivery_count
+        self.expires_at = msg.expiry_time()
+        self.deliver_at = msg.delivery_time()
+        self.consumer: ConsumerPort | None = None   # who holds it while acquired
+        self.excluded: set[int] | None = None        # consumers it is undeliverable-here for
+        self.group: str | None = msg.group_id()
+        self.store_ref: Any = None                   # the store's handle for durable entries
+
+    def payload(self) -> bytes:
+        return self.msg.encoded(self.delivery_count)
+
+
+class ReadyList:
+    """Available entries: one deque per priority, each sorted by sequence."""
+
+    __slots__ = ("_levels", "_count")
+
+    def __init__(self) -> None:
+        self._levels = [deque() for _ in range(PRIORITY_LEVELS)]
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def push(self, entry: Entry) -> None:
+        level = self._levels[entry.priority]
+        if not level or level[-1].seq < entry.seq:
+            level.append(entry)
+        elif entry.seq < level[0].seq:
+            level.appendleft(entry)
+        else:  # a returning entry lands between others: find its slot
+            lo, hi = 0, len(level)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if level[mid].seq < entry.seq:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            level.insert(lo, entry)
+        self._count += 1
+
+    def pop_first(self) -> Entry | None:
+        for level in reversed(self._levels):
+            if level:
+                self._count -= 1
+                return level.popleft()
+        return None
+
+    def remove(self, entry: Entry) -> None:
+        self._levels[entry.priority].remove(entry)
+        self._count -= 1
+
+    def __iter__(self) -> Iterator[Entry]:
+        for level in reversed(self._levels):
+            yield from list(level)
+
+    def clear(self) -> list[Entry]:
+        out = [e for level in reversed(self._levels) for e in level]
+        for level in self._levels:
+            level.clear()
+        self._count = 0
+        return out
+
+
+class Queue:
+    def __init__(
+        self,
+        name: str,
+        *,
+        durable: bool = False,
+        exclusivity: ExclusivityPolicy = ExclusivityPolicy.NONE,
+        lifetime: LifetimePolicy = LifetimePolicy.PERMANENT,
+        max_delivery_attempts: int = 0,
+        max_consumers: int = 0,
+        dead_letter: Callable[[Entry, str], None] | None = None,
+        clock: Callable[[], float] = time.time,
+        owner: Any = None,
+    ):
+        self.name = name
+        self.durable = durable
+        self.exclusivity = exclusivity
+        self.lifetime = lifetime
+        self.max_delivery_attempts = max_delivery_attempts
+        self.max_consumers = max_consumers
+        self.dead_letter = dead_letter
+        self.clock = clock
+        self.owner = owner          # session/connection the lifetime is tied to
+        self.deleted = False
+        self.consumers: list[ConsumerPort] = []
+        self._ready = ReadyList()
+        self._delayed: list[tuple[float, int, Entry]] = []
+        self._groups: dict[str, ConsumerPort] = {}
+        self._seq = itertools.count(1)
+        self._rr = 0
+        self._dispatching = False
+        self._again = False
+        # Statistics (management API, metrics).
+        self.acquired = 0
+        self.bytes = 0
+        self.enqueued_total = 0
+        self.delivered_total = 0
+        self.acked_total = 0
+        self.expired_total = 0
+        self.dead_lettered_total = 0
+        self.created_at = clock()
+        self.last_delivered_at: float | None = None
+        self.last_consumer_at: float | None = None
+        self.on_enqueue: Callable[[Entry], None] | None = None   # store hook
+        self.on_remove: Callable[[Entry], None] | None = None    # store hook
+
+    # ------------------------------------------------------------------ counts
+
+    @property
+    def depth(self) -> int:
+        """Messages held: ready, scheduled and acquired-but-unsettled."""
+        return len(self._ready) + len(self._delayed) + self.acquired
+
+    @property
+    def ready_count(self) -> int:
+        return len(self._ready)
+
+    def next_seq(self) -> int:
+        return next(self._seq)
+
+    # ------------------------------------------------------------------ enqueue
+
+    def enqueue(self, msg: Message, seq: int | None = None) -> Entry:
+        entry = Entry(msg, self.next_seq() if seq is None else seq)
+        self.bytes += msg.size
+        self.enqueued_total += 1
+        if self.on_enqueue is not None:
+            self.on_enqueue(entry)
+        if entry.deliver_at is not None and entry.deliver_at > self.clock():
+            heapq.heappush(self._delayed, (entry.deliver_at, entry.seq, entry))
+        else:
+            self._ready.push(entry)
+            self.dispatch()
+        return entry
+
+    def restore(self, entry: Entry) -> None:
+        """Put back an entry rebuilt by the store at start-up (no store hook)."""
+        self.bytes += entry.msg.size
+        if entry.deliver_at is not None and entry.deliver_at > self.clock():
+            heapq.heappush(self._delayed, (entry.deliver_at, entry.seq, entry))
+        else:
+            self._ready.push(entry)
+
+    def next_wakeup(self) -> float | None:
+        return self._delayed[0][0] if self._delayed else None
+
+    def promote_due(self, now: float) -> int:
+        """Move scheduled entries whose delivery time has come to the ready list."""
+        moved = 0
+        while self._delayed and self._delayed[0][0] <= now:
+            _, _, entry = heapq.heappop(self._delayed)
+            self._ready.push(entry)
+            moved += 1
+        if moved:
+            self.dispatch()
+        return moved
+
+    # ------------------------------------------------------------------ consumers
+
+    def add_consumer(self, consumer: ConsumerPort) -> None:
+        self.consumers.append(consumer)
+        self.last_consumer_at = self.clock()
+        self.dispatch()
+
+    def remove_consumer(self, consumer: ConsumerPort, unsettled: list[Entry]) -> None:
+        """The consumer's link ended; its unsettled entries come back with
+        delivery-count+1 (AMQP 1.0 §3.4: the delivery may have been processed)."""
+        try:
+            self.consumers.remove(consumer)
+        except ValueError:
+            pass
+        self.last_consumer_at = self.clock()
+        for group, owner in list(self._groups.items()):
+            if owner is consumer:
+                del self._groups[group]
+        for entry in sorted(unsettled, key=lambda e: e.seq):
+            if entry.consumer is consumer:
+                self._return(entry, delivery_failed=True)
+        if self.consumers:
+            self.dispatch()
+
+    # ------------------------------------------------------------------ dispatch
+
+    def dispatch(self) -> None:
+        """Hand ready entries to consumers with credit, round-robin."""
+        if self._dispatching:
+            self._again = True
+            return
+        self._dispatching = True
+        try:
+            while True:
+                self._again = False
+                self._dispatch_round()
+                if not self._again:
+                    break
+        finally:
+            self._dispatching = False
+
+    def _dispatch_round(self) -> None:
+        consumers = self.consumers
+        while self._ready and consumers:
+            n = len(consumers)
+            start = self._rr % n
+            for i in range(n):
+                consumer = consumers[(start + i) % n]
+                if consumer.browser or consumer.credit() <= 0:
+                    continue
+                entry = self._take_for(consumer)
+                if entry is None:
+                    continue
+                self._rr = start + i + 1
+                self._hand_over(entry, consumer)
+                break
+            else:
+                return
+
+    def _take_for(self, consumer: ConsumerPort) -> Entry | None:
+        now = self.clock()
+        if not consumer.filtered and not self._groups:
+            while True:
+                entry = self._ready.pop_first()
+                if entry is None:
+                    return None
+                if entry.expires_at is not None and entry.expires_at <= now:
+                    self._expire(entry)
+                    continue
+                if entry.excluded is None and not self._group_elsewhere(entry, consumer):
+                    return entry
+                self._ready.push(entry)
+                break
+        for entry in self._ready:
+            if entry.expires_at is not None and entry.expires_at <= now:
+                self._ready.remove(entry)
+                self._expire(entry)
+                continue
+            if entry.excluded is not None and consumer.consumer_id in entry.excluded:
+                continue
+            if self._group_elsewhere(entry, consumer) or not consumer.accepts(entry):
+                continue
+            self._ready.remove(entry)
+            return entry
+        return None
+
+    def _group_elsewhere(self, entry: Entry, consumer: ConsumerPort) -> bool:
+        """Message groups (JMSXGroupID): a group sticks to one consumer while it
+        lives.  True when the entry's group belongs to a different consumer."""
+        group = entry.group
+        if group is None:
+            return False
+        owner = self._groups.get(group)
+        return owner is not None and owner is not consumer
+
+    def _hand_over(self, entry: Entry, consumer: ConsumerPort) -> None:
+        entry.consumer = consumer
+        if entry.group is not None:
+            self._groups.setdefault(entry.group, consumer)
+        self.acquired += 1
+        self.delivered_total += 1
+        self.last_delivered_at = self.clock()
+        consumer.deliver(entry)
+
+    # ------------------------------------------------------------------ outcomes
+
+    def settle(self, entry: Entry, outcome: Outcome, *, delivery_failed: bool = False,
+               undeliverable_here: bool = False) -> None:
+        """Apply the consumer's outcome (AMQP 1.0 §3.4) to an acquired entry."""
+        if entry.consumer is None:
+            return  # already settled (e.g. link closed first)
+        if outcome is Outcome.ACCEPTED:
+            self._release_hold(entry)
+            self.acked_total += 1
+            self._drop(entry)
+        elif outcome is Outcome.REJECTED:
+            self._release_hold(entry)
+            self._dead_letter(entry, "rejected")
+        else:
+            if outcome is Outcome.MODIFIED and undeliverable_here:
+                if entry.excluded is None:
+                    entry.excluded = set()
+                entry.excluded.add(entry.consumer.consumer_id)
+            self._return(entry, delivery_failed=(outcome is Outcome.MODIFIED and delivery_failed))
+        self.dispatch()
+
+    def _release_hold(self, entry: Entry) -> None:
+        entry.consumer = None
+        self.acquired -= 1
+
+    def _return(self, entry: Entry, *, delivery_failed: bool) -> None:
+        self._release_hold(entry)
+        if delivery_failed:
+            entry.delivery_count += 1
+            if self.max_delivery_attempts and entry.delivery_count >= self.max_delivery_attempts:
+                self._dead_letter(entry, f"delivery attempts reached {self.max_delivery_attempts}")
+                return
+        self._ready.push(entry)
+
+    def _expire(self, entry: Entry) -> None:
+        self.expired_total += 1
+        self._drop(entry)
+
+    def _dead_letter(self, entry: Entry, reason: str) -> None:
+        self.dead_lettered_total += 1
+        if self.dead_letter is not None:
+            self.dead_letter(entry, reason)
+        else:
+            log.info("queue %s: dropped message seq=%d (%s; no dead-letter address)",
+                     self.name, entry.seq, reason)
+        self._drop(entry)
+
+    def _drop(self, entry: Entry) -> None:
+        self.bytes -= entry.msg.size
+        if self.on_remove is not None:
+            self.on_remove(entry)
+
+    # ------------------------------------------------------------------ admin
+
+    def purge(self) -> int:
+        """Remove every ready and scheduled entry (acquired ones stay with their consumers)."""
+        removed = self._ready.clear() + [e for _, _, e in self._delayed]
+        self._delayed.clear()
+        for entry in removed:
+            self._drop(entry)
+        return len(removed)
+
+    def entries(self) -> list[Entry]:
+        """Ready entries in delivery order (browsing, management)."""
+        return list(self._ready)
+
+    def expire_sweep(self, now: float) -> int:
+        expired = [e for e in self._ready if e.expires_at is not None and e.expires_at <= now]
+        for entry in expired:
+            self._ready.remove(entry)
+            self._expire(entry)
+        return len(expired)

@@ -1,0 +1,12 @@
+"""JMS 2.0 message selectors (JMS 2.0 / Jakarta Messaging 3.1 §3.8.1).
+
+    sel = compile_selector("JMSType = 'car' AND weight > 2500")   # cached
+    sel.matches(lookup)   # lookup(name) -> value, or None when the message lacks it
+
+An empty selector means "no selector" and must be handled by the caller; it is rejected
+here with SelectorError.
+"""
+
+from .compiler import Selector, SelectorError, compile_selector
+
+__all__ = ["Selector", "SelectorError", "compile_selector"]

@@ -1,0 +1,231 @@
+"""The running broker: listeners, connection admission, link ownership, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import ssl
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from proton import Condition, Link
+
+from ..config import ClientIdPolicy, Settings, anonymous_allowed
+from ..core.broker import Broker, BrokerPolicy
+from ..core.message import Message, selector_lookup
+from ..core.registry import SubscriptionRegistry
+from ..core.selectors import compile_selector
+from ..security.users import UserStore
+from .engine import AmqpProtocol
+from .sasl import SaslPolicy
+
+log = logging.getLogger("amqpbroker")
+
+ALL_MECHANISMS = ("SCRAM-SHA-256", "PLAIN", "ANONYMOUS")
+
+
+@dataclass
+class Listener:
+    name: str
+    host: str
+    port: int
+    sasl_policy: SaslPolicy
+    client_id_policy: ClientIdPolicy
+    ssl_context: ssl.SSLContext | None = None
+    server: asyncio.AbstractServer | None = None
+
+
+def binding_filter(selector_text: str | None, no_local_owner: str | None) -> Callable[[Message], bool] | None:
+    """Binding filter for a subscription: JMS selector and/or no-local by client-id."""
+    selector = compile_selector(selector_text) if selector_text else None
+    if selector is None and no_local_owner is None:
+        return None
+
+    def accept(msg: Message) -> bool:
+        if no_local_owner is not None and msg.publisher == no_local_owner:
+            return False
+        return selector is None or selector.matches(selector_lookup(msg, msg.delivery_count))
+
+    return accept
+
+
+class BrokerServer:
+    def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop | None = None):
+        self.settings = settings
+        self.loop = loop or asyncio.get_event_loop()
+        p = settings.policy
+        self.broker = Broker(BrokerPolicy(
+            auto_create_queues=p.auto_create_queues,
+            max_delivery_attempts=p.max_delivery_attempts,
+            dead_letter_address=p.dead_letter_address,
+            max_consumers_per_subscription=p.max_consumers_per_subscription,
+        ))
+        self.subscriptions = SubscriptionRegistry(self.broker, binding_filter)
+        self.users = UserStore({name: u.password for name, u in settings.users.items()})
+        self.listeners: list[Listener] = []
+        self.protocols: set[AmqpProtocol] = set()
+        self.handlers_by_container: dict[str, list[Any]] = {}
+        self.live_links: dict[tuple[str, str, bool], tuple[Any, Link]] = {}
+        self.dirty: list[AmqpProtocol] = []
+        self._flush_scheduled = False
+        self._wakeup: asyncio.TimerHandle | None = None
+        self.metrics_refused: dict[str, int] = {}
+        self.metrics_auth_failures = 0
+        self.connection_count = 0
+        self.stopping = False
+        self._declare_configured()
+
+    # ------------------------------------------------------------------ set-up
+
+    def _declare_configured(self) -> None:
+        b = self.broker
+        for ex in self.settings.exchanges:
+            b.declare_exchange(ex.name, ex.type, ex.durable)
+        for q in self.settings.queues:
+            b.declare_queue(q.name, durable=q.durable, max_delivery_attempts=q.max_delivery_attempts)
+        for bd in self.settings.bindings:
+            if bd.exchange not in b.exchanges or bd.queue not in b.queues:
+                raise ValueError(f"binding {bd.exchange} -> {bd.queue}: exchange or queue not declared")
+            b.bind(bd.exchange, bd.key, b.queues[bd.queue])
+
+    def _sasl_policy(self, host: str, allow_anon: bool | None) -> SaslPolicy:
+        anonymous = anonymous_allowed(allow_anon, host)
+        mechs = tuple(m for m in ALL_MECHANISMS if m != "ANONYMOUS" or anonymous)
+        return SaslPolicy(mechanisms=mechs, allow_no_sasl=anonymous)
+
+    async def start(self) -> None:
+        s = self.settings
+        self.listeners.append(Listener("amqp", s.host, s.port, self._sasl_policy(s.host, s.allow_anonymous),
+                                       s.client_id_policy))
+        if s.tls is not None:
+            ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            ctx.load_cert_chain(str(s.tls.cert_file), str(s.tls.key_file))
+            self.listeners.append(Listener("amqps", s.tls.host, s.tls.port,
+                                           self._sasl_policy(s.tls.host, s.tls.allow_anonymous),
+                                           s.tls.client_id_policy, ctx))
+        for lst in self.listeners:
+            lst.server = await self.loop.create_server(
+                lambda lst=lst: AmqpProtocol(self, lst), lst.host, lst.port, ssl=lst.ssl_context,
+                reuse_address=True)
+            sock = lst.server.sockets[0].getsockname()
+            lst.port = sock[1]
+            log.info("%s listening on %s:%d (SASL %s)", lst.name, lst.host, lst.port,
+                     ", ".join(lst.sasl_policy.mechanisms) or "none")
+        self._schedule_wakeup()
+
+    # ------------------------------------------------------------------ admission
+
+    def admit(self, handler: Any) -> tuple[str, str, bool] | None:
+        """None to accept, else (condition, description, is-client-id-clash)."""
+        if self.stopping:
+            return ("amqp:connection:forced", "broker is shutting down", False)
+        if self.connection_count >= self.settings.limits.max_connections:
+            return ("amqp:resource-limit-exceeded", "too many connections", False)
+        policy = handler.protocol.listener.client_id_policy
+        desired = handler.conn.remote_desired_capabilities or []
+        sole = any(str(c) == "sole-connection-for-container" for c in desired)
+        if (policy is ClientIdPolicy.RESTRICTED and sole
+                and self.handlers_by_container.get(handler.container_id)):
+            return ("amqp:invalid-field",
+                    f"container-id '{handler.container_id}' is already connected", True)
+        return None
+
+    def register(self, handler: Any) -> None:
+        self.connection_count += 1
+        self.handlers_by_container.setdefault(handler.container_id, []).append(handler)
+
+    def unregister(self, handler: Any) -> None:
+        self.connection_count -= 1
+        lst = self.handlers_by_container.get(handler.container_id, [])
+        if handler in lst:
+            lst.remove(handler)
+        if not lst:
+            self.handlers_by_container.pop(handler.container_id, None)
+        for key, (h, _) in list(self.live_links.items()):
+            if h is handler:
+                del self.live_links[key]
+
+    # ------------------------------------------------------------------ links
+
+    def steal_link(self, handler: Any, link: Link) -> None:
+        """AMQP 1.0 §2.6.1: a link is identified by (container-id, name, role); the
+        same link attached again elsewhere takes it over (`amqp:link:stolen`)."""
+        key = (handler.container_id, link.name, link.is_sender)
+        previous = self.live_links.get(key)
+        self.live_links[key] = (handler, link)
+        if previous is None:
+            return
+        old_handler, old_link = previous
+        if old_handler is handler and old_link.session == link.session:
+            return
+        old_handler.stolen(old_link)
+        log.info("link '%s' of container %s stolen by a new attach", link.name, handler.container_id)
+
+    def forget_link(self, handler: Any, link: Link) -> None:
+        key = (handler.container_id, link.name, link.is_sender)
+        current = self.live_links.get(key)
+        if current is not None and current[0] is handler and current[1] == link:
+            del self.live_links[key]
+
+    # ------------------------------------------------------------------ output
+
+    def flush_soon(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        while self.dirty:
+            batch, self.dirty = self.dirty, []
+            for proto in batch:
+                proto.flush()
+        self._schedule_wakeup()
+
+    def _schedule_wakeup(self) -> None:
+        """Delayed deliveries: wake when the earliest scheduled message is due."""
+        due = self.broker.next_wakeup()
+        if due is None:
+            return
+        delay = max(0.0, due - time.time())
+        if self._wakeup is not None:
+            self._wakeup.cancel()
+        self._wakeup = self.loop.call_later(delay, self._on_wakeup)
+
+    def _on_wakeup(self) -> None:
+        self._wakeup = None
+        self.broker.tick()
+        self.flush_soon()
+
+    # ------------------------------------------------------------------ shutdown
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Close every connection with amqp:connection:forced, let in-flight work
+        finish, then stop."""
+        self.stopping = True
+        for lst in self.listeners:
+            if lst.server is not None:
+                lst.server.close()
+        for proto in list(self.protocols):
+            h = proto.handler
+            if h is not None and h.opened and not h.ended:
+                h.conn.condition = Condition("amqp:connection:forced", "broker shutting down")
+                h.conn.close()
+                proto.mark_dirty()
+        self._flush()
+        deadline = self.loop.time() + grace
+        while self.protocols and self.loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        for proto in list(self.protocols):
+            proto.abort()
+        for lst in self.listeners:
+            if lst.server is not None:
+                await lst.server.wait_closed()
+        log.info("broker stopped")
+
+
+def install_signal_handlers(loop: asyncio.AbstractEventLoop, stop: Callable[[], None]) -> None:
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)

@@ -1,0 +1,147 @@
+"""Consumer attaches (the broker's sending links): read the source, ask the core
+(address resolution, subscription decision table), answer with the reply source."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from proton import Link
+
+from ..core.addresses import AddressKind, AddressNotFound
+from ..core.queues import ExclusivityPolicy, LifetimePolicy, Queue
+from ..core.selectors import SelectorError, compile_selector
+from ..core.subscriptions import (
+    GLOBAL_NAMESPACE,
+    RESOURCE_LIMIT,
+    RESOURCE_LOCKED,
+    BindingSpec,
+    Decision,
+    lifetime_for,
+)
+from ..core.terms import CAP_TOPIC, SourceTerms
+from .links import LinkConsumer
+from .terminus import read_source, write_source
+
+if TYPE_CHECKING:
+    from .handlers import ConnectionHandler
+
+log = logging.getLogger("amqpbroker.attach")
+
+
+class AttachRefused(Exception):
+    def __init__(self, condition: str, description: str):
+        super().__init__(description)
+        self.condition = condition
+        self.description = description
+
+
+class ConsumerAttacher:
+    def __init__(self, handler: "ConnectionHandler"):
+        self.handler = handler
+        self.server = handler.server
+        self.broker = handler.broker
+
+    def attach(self, link: Link) -> LinkConsumer:
+        source = read_source(link.remote_source)
+        selector = self._selector(source)
+        if source.is_null:
+            return self._attach_subscription(link, None, None, selector)
+        if not source.address:
+            raise AttachRefused("amqp:not-found", "source has no address")
+        try:
+            resolution = self.broker.resolve(source.address, topic=source.has(CAP_TOPIC))
+        except AddressNotFound as exc:
+            raise AttachRefused("amqp:not-found", exc.why) from None
+        if resolution.kind is AddressKind.EXCHANGE:
+            exchange = self.broker.exchanges[resolution.name]
+            key = resolution.key if resolution.key is not None else exchange.default_key()
+            binding = BindingSpec(resolution.name, key, source.selector, source.no_local)
+            return self._attach_subscription(link, source, binding, selector)
+        if resolution.kind is AddressKind.NEW_QUEUE:
+            queue = self.broker.declare_queue(resolution.name, durable=True)
+        else:
+            queue = self.broker.queues[resolution.name]
+        return self._attach_queue(link, source, queue, selector)
+
+    def _selector(self, source: SourceTerms) -> Any:
+        text = source.selector
+        if text is None:
+            return None
+        try:
+            return compile_selector(text)
+        except SelectorError as exc:
+            raise AttachRefused("amqp:invalid-field", f"Invalid JMS Selector: {exc}") from None
+
+    # ------------------------------------------------------------------ queues
+
+    def _attach_queue(self, link: Link, source: SourceTerms, queue: Queue, selector: Any) -> LinkConsumer:
+        browser = source.distribution_mode == "copy"
+        if queue.exclusivity is ExclusivityPolicy.LINK and queue.consumers:
+            raise AttachRefused(RESOURCE_LOCKED, f"queue '{queue.name}' has an exclusive consumer")
+        reply = source.with_(filters=tuple(f for f in source.filters
+                                           if f.key and (f is _sel(source) or f is _nl(source))))
+        return self._open(link, reply, queue, selector, source.no_local, browser)
+
+    # ------------------------------------------------------------------ subscriptions
+
+    def _attach_subscription(self, link: Link, source: SourceTerms | None, binding: BindingSpec | None,
+                             selector: Any) -> LinkConsumer:
+        h = self.handler
+        registry = self.server.subscriptions
+        decision = registry.decide(link.name, h.container_id, source, binding)
+        if decision.decision is Decision.REFUSE:
+            raise AttachRefused(decision.condition, decision.description)
+        owner = self._owner(link, source)
+        sub, queue = registry.apply(decision, link_name=link.name, container_id=h.container_id,
+                                    owner=owner, now=self.broker.clock())
+        if decision.decision is Decision.ATTACH_EXISTING and source is None:
+            selector = _compile_quiet(sub.binding.selector)
+        no_local = sub.binding.no_local
+        consumer = self._open(link, decision.reply_source, queue, selector, no_local, False)
+        consumer.subscription = sub
+        return consumer
+
+    def _owner(self, link: Link, source: SourceTerms | None) -> Any:
+        """The entity a non-durable subscription queue's lifetime is tied to."""
+        if source is None:
+            return None
+        lifetime = lifetime_for(source.expiry_policy)
+        if lifetime is LifetimePolicy.DELETE_ON_SESSION_END:
+            from .handlers import session_key
+            return session_key(link.session)
+        if lifetime is LifetimePolicy.DELETE_ON_CONNECTION_CLOSE:
+            return self.handler
+        return None
+
+    # ------------------------------------------------------------------ reply
+
+    def _open(self, link: Link, reply: SourceTerms, queue: Queue, selector: Any, no_local: bool,
+              browser: bool) -> LinkConsumer:
+        write_source(link.source, reply)
+        link.target.copy(link.remote_target)
+        link.snd_settle_mode = link.remote_snd_settle_mode
+        link.rcv_settle_mode = link.remote_rcv_settle_mode
+        link.open()
+        consumer = LinkConsumer(self.handler, link, queue, selector=selector, no_local=no_local,
+                                browser=browser)
+        self.handler.consumers.append(consumer)
+        queue.add_consumer(consumer)
+        return consumer
+
+
+def _sel(source: SourceTerms):
+    from ..core.terms import SELECTOR_DESCRIPTORS
+    return source.filter_matching(SELECTOR_DESCRIPTORS)
+
+
+def _nl(source: SourceTerms):
+    from ..core.terms import NO_LOCAL_DESCRIPTORS
+    return source.filter_matching(NO_LOCAL_DESCRIPTORS)
+
+
+def _compile_quiet(text: str | None) -> Any:
+    return compile_selector(text) if text else None
+
+
+__all__ = ["AttachRefused", "ConsumerAttacher", "GLOBAL_NAMESPACE", "RESOURCE_LIMIT"]

@@ -1,0 +1,212 @@
+"""The I/O pump: one asyncio Protocol per socket drives a proton Transport.
+
+Bytes in → (SASL handshake, our own state machine) → Transport.push → Collector
+events → ConnectionHandler; Transport output → socket.  Timers come from
+Transport.tick.  Nothing here decides anything about messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from proton import Collector, Connection, Transport
+
+from .sasl import Handshake, HandshakeState
+
+if TYPE_CHECKING:
+    from .app import BrokerServer, Listener
+
+log = logging.getLogger("amqpbroker.engine")
+
+
+class AmqpProtocol(asyncio.Protocol):
+    def __init__(self, server: "BrokerServer", listener: "Listener"):
+        self.server = server
+        self.listener = listener
+        self.loop = server.loop
+        self.sock: asyncio.Transport | None = None
+        self.peer = "?"
+        self.handshake: Handshake | None = None
+        self.user: str | None = None
+        self.transport: Transport | None = None
+        self.connection: Connection | None = None
+        self.collector: Collector | None = None
+        self.handler: Any = None
+        self.write_paused = False
+        self.closed = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._dirty = False
+
+    # ------------------------------------------------------------------ socket events
+
+    def connection_made(self, sock: asyncio.BaseTransport) -> None:
+        self.sock = sock  # type: ignore[assignment]
+        peer = sock.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.handshake = Handshake(self.listener.sasl_policy, self.server.users)
+        self.server.protocols.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        if self.handshake is not None:
+            self._feed_handshake(data)
+        else:
+            self._push(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.protocols.discard(self)
+        if self._timer is not None:
+            self._timer.cancel()
+        if self.transport is not None and not self.closed:
+            self.transport.close_tail()
+            self._process()
+        self.closed = True
+        if self.handler is not None:
+            self.handler.socket_closed()
+        self.server.flush_soon()
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self.handler is not None:
+            self.handler.writable_again()
+            self.mark_dirty()
+
+    # ------------------------------------------------------------------ SASL
+
+    def _feed_handshake(self, data: bytes) -> None:
+        hs = self.handshake
+        hs.feed(data)
+        out = hs.data_to_send()
+        if out:
+            self.sock.write(out)
+        if hs.state is HandshakeState.FAILED:
+            log.warning("connection from %s refused during SASL: %s", self.peer, hs.error)
+            self.server.metrics_auth_failures += 1
+            self.closed = True
+            self.sock.close()
+        elif hs.state is HandshakeState.DONE:
+            self.handshake = None
+            self.user = hs.user
+            self._start_amqp(hs.leftover)
+        elif hs.close_after_send:
+            self.closed = True
+            self.sock.close()
+
+    def _start_amqp(self, leftover: bytes) -> None:
+        from .handlers import ConnectionHandler  # local import: handlers imports engine types
+
+        limits = self.server.settings.limits
+        t = Transport(Transport.SERVER)
+        t.require_auth(False)  # authentication already happened in our SASL layer
+        t.max_frame_size = limits.max_frame_size
+        t.channel_max = limits.max_sessions_per_connection - 1
+        if limits.idle_timeout:
+            t.idle_timeout = limits.idle_timeout
+        conn = Connection()
+        coll = Collector()
+        conn.collect(coll)
+        t.bind(conn)
+        self.transport, self.connection, self.collector = t, conn, coll
+        self.handler = ConnectionHandler(self)
+        if leftover:
+            self._push(leftover)
+
+    # ------------------------------------------------------------------ proton pump
+
+    def _push(self, data: bytes) -> None:
+        t = self.transport
+        view = memoryview(data)
+        while view:
+            capacity = t.capacity()
+            if capacity < 0:
+                break  # input side closed: ignore the rest
+            if capacity == 0:
+                self._process()
+                if t.capacity() <= 0:
+                    break
+                continue
+            chunk = bytes(view[:capacity])
+            view = view[capacity:]
+            try:
+                t.push(chunk)
+            except Exception as exc:  # proton refused the bytes: framing error
+                log.warning("connection %s: transport error: %s", self.peer, exc)
+                break
+            self._process()
+        self._process()
+
+    def _process(self) -> None:
+        coll = self.collector
+        handler = self.handler
+        while True:
+            ev = coll.peek()
+            if ev is None:
+                break
+            try:
+                handler.dispatch(ev)
+            except Exception:
+                log.exception("connection %s: error handling %s", self.peer, ev.type)
+                handler.internal_error()
+            coll.pop()
+        self.mark_dirty()
+
+    def mark_dirty(self) -> None:
+        if not self._dirty:
+            self._dirty = True
+            self.server.dirty.append(self)
+            self.server.flush_soon()
+
+    def flush(self) -> None:
+        """Move pending transport output to the socket and re-arm the timer."""
+        self._dirty = False
+        t = self.transport
+        if t is None or self.sock is None:
+            return
+        if self.collector.peek() is not None:
+            self._process()
+            self._dirty = False
+        pending = t.pending()
+        if pending > 0:
+            out = t.peek(pending)
+            t.pop(len(out))
+            if not self.closed:
+                self.sock.write(out)
+        elif pending < 0 and not self.closed:
+            # Output side finished (close frame sent, or a transport error).
+            self.closed = True
+            self.sock.close()
+            return
+        if not self.closed:
+            self._arm_timer()
+
+    def _arm_timer(self) -> None:
+        now = self.loop.time()
+        deadline = self.transport.tick(now)
+        if deadline <= 0:
+            return
+        if self._timer is not None:
+            if self._timer_at <= deadline:
+                return
+            self._timer.cancel()
+        self._timer_at = deadline
+        self._timer = self.loop.call_at(deadline, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self.closed or self.transport is None:
+            return
+        self.transport.tick(self.loop.time())
+        self._process()
+
+    def abort(self) -> None:
+        """Drop the socket without a close handshake (shutdown after the grace period)."""
+        self.closed = True
+        if self.sock is not None:
+            self.sock.abort()

@@ -1,0 +1,341 @@
+"""Proton events → broker calls, and broker answers → proton.  One per connection.
+
+This is the thin translation layer: every decision about addresses, routing and
+subscriptions is made in amqpbroker.core; here we read performatives into plain
+terms, ask the core, and write its answer back as frames.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from proton import Condition, Delivery, Event, Link, symbol
+
+from .. import PRODUCT, __version__
+from ..core.addresses import AddressKind, AddressNotFound
+from ..core.message import MalformedMessage, Message
+from ..core.queues import ExclusivityPolicy, LifetimePolicy
+from ..core.subscriptions import RESOURCE_LIMIT, DetachAction
+from .attach import AttachRefused, ConsumerAttacher
+from .links import ACCEPTED, REJECTED, LinkConsumer, Producer
+from .terminus import read_target, write_null, write_target
+
+if TYPE_CHECKING:
+    from .engine import AmqpProtocol
+
+log = logging.getLogger("amqpbroker.connection")
+
+OFFERED_CAPABILITIES = ["SHARED-SUBS", "ANONYMOUS-RELAY", "DELAYED_DELIVERY",
+                        "sole-connection-for-container"]
+SOLE_CONNECTION = "sole-connection-for-container"
+
+
+class ConnectionHandler:
+    def __init__(self, protocol: "AmqpProtocol"):
+        self.protocol = protocol
+        self.server = protocol.server
+        self.broker = self.server.broker
+        self.conn = protocol.connection
+        self.container_id: str | None = None
+        self.connection_key: str | None = None   # publisher identity for no-local
+        self.opened = False
+        self.ended = False
+        self.sessions = 0
+        self.links = 0
+        self.endpoints: dict[int, Any] = {}       # id(link impl) → LinkConsumer / Producer
+        self.consumers: list[LinkConsumer] = []
+        self.attacher = ConsumerAttacher(self)
+        self._table = {
+            Event.CONNECTION_REMOTE_OPEN.number: self.on_connection_remote_open,
+            Event.CONNECTION_REMOTE_CLOSE.number: self.on_connection_remote_close,
+            Event.SESSION_REMOTE_OPEN.number: self.on_session_remote_open,
+            Event.SESSION_REMOTE_CLOSE.number: self.on_session_remote_close,
+            Event.LINK_REMOTE_OPEN.number: self.on_link_remote_open,
+            Event.LINK_REMOTE_DETACH.number: self.on_link_remote_detach,
+            Event.LINK_REMOTE_CLOSE.number: self.on_link_remote_close,
+            Event.LINK_FLOW.number: self.on_link_flow,
+            Event.DELIVERY.number: self.on_delivery,
+            Event.TRANSPORT_ERROR.number: self.on_transport_error,
+        }
+
+    def dispatch(self, ev: Event) -> None:
+        fn = self._table.get(ev.type.number)
+        if fn is not None:
+            fn(ev)
+
+    # ------------------------------------------------------------------ connection
+
+    def on_connection_remote_open(self, ev: Event) -> None:
+        conn = self.conn
+        self.container_id = conn.remote_container or f"anonymous-{id(self)}"
+        self.connection_key = self.container_id
+        conn.container = self.server.settings.container_id
+        conn.offered_capabilities = OFFERED_CAPABILITIES
+        conn.properties = {symbol("product"): PRODUCT, symbol("version"): __version__}
+        refusal = self.server.admit(self)
+        if refusal is not None:
+            condition, description, clash = refusal
+            if clash:
+                # The shape Qpid JMS turns into InvalidClientIDException.
+                conn.properties = {symbol("amqp:connection-establishment-failed"): True}
+                info = {symbol("invalid-field"): symbol("container-id")}
+            else:
+                info = None
+            conn.open()
+            conn.condition = Condition(condition, description, info)
+            conn.close()
+            log.warning("connection from %s (container %s) refused: %s",
+                        self.protocol.peer, self.container_id, description)
+            self.ended = True
+            return
+        conn.open()
+        self.opened = True
+        self.server.register(self)
+        log.info("connection open: %s container=%s user=%s", self.protocol.peer,
+                 self.container_id, self.protocol.user)
+
+    def on_connection_remote_close(self, ev: Event) -> None:
+        cond = self.conn.remote_condition
+        self.conn.close()
+        self._end(f"closed by peer{f' ({cond.name}: {cond.description})' if cond else ''}")
+
+    def on_transport_error(self, ev: Event) -> None:
+        cond = ev.transport.condition
+        self._end(f"transport error: {cond.name}: {cond.description}" if cond else "transport error")
+
+    def socket_closed(self) -> None:
+        self._end("socket closed")
+
+    def internal_error(self) -> None:
+        """A handler raised: close the connection rather than leave it half-done."""
+        if not self.ended:
+            self.conn.condition = Condition("amqp:internal-error", "internal broker error")
+            self.conn.close()
+
+    def _end(self, why: str) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        for endpoint in list(self.endpoints.values()):
+            self._release(endpoint, closed=False)
+        self.endpoints.clear()
+        for sub in self.server.subscriptions.owned_by(self):
+            self.server.subscriptions.delete(sub)
+        for queue in list(self.broker.queues_owned_by(self)):
+            self.broker.delete_queue(queue.name)
+        if self.opened:
+            self.server.unregister(self)
+            log.info("connection closed: %s container=%s (%s)", self.protocol.peer, self.container_id, why)
+
+    def writable_again(self) -> None:
+        for consumer in self.consumers:
+            consumer.queue.dispatch()
+
+    # ------------------------------------------------------------------ sessions
+
+    def on_session_remote_open(self, ev: Event) -> None:
+        session = ev.session
+        if self.sessions >= self.server.settings.limits.max_sessions_per_connection:
+            session.open()
+            session.condition = Condition(RESOURCE_LIMIT, "too many sessions on this connection")
+            session.close()
+            log.warning("connection %s: session refused (limit %d)", self.protocol.peer, self.sessions)
+            return
+        self.sessions += 1
+        session.open()
+
+    def on_session_remote_close(self, ev: Event) -> None:
+        session = ev.session
+        link = self.conn.link_head(0)
+        while link:
+            if link.session == session:
+                endpoint = self.endpoints.pop(id_of(link), None)
+                if endpoint is not None:
+                    self._release(endpoint, closed=False)
+            link = link.next(0)
+        for sub in self.server.subscriptions.owned_by(session_key(session)):
+            self.server.subscriptions.delete(sub)
+        for queue in list(self.broker.queues_owned_by(session_key(session))):
+            self.broker.delete_queue(queue.name)
+        if session.state & session.LOCAL_ACTIVE:
+            self.sessions -= 1
+            session.close()
+
+    # ------------------------------------------------------------------ links
+
+    def on_link_remote_open(self, ev: Event) -> None:
+        link = ev.link
+        if self.links >= self.server.settings.limits.max_links_per_connection:
+            self.refuse(link, RESOURCE_LIMIT, "too many links on this connection")
+            return
+        link.max_message_size = self.server.settings.limits.max_message_size
+        try:
+            if link.is_sender:
+                endpoint = self.attacher.attach(link)
+            else:
+                endpoint = self._attach_producer(link)
+        except AttachRefused as refused:
+            self.refuse(link, refused.condition, refused.description)
+            return
+        self.links += 1
+        self.endpoints[id_of(link)] = endpoint
+        self.server.steal_link(self, link)
+
+    def refuse(self, link: Link, condition: str, description: str) -> None:
+        """Null terminus + detach with the error: the refusal shape clients
+        understand (AMQP 1.0 §2.6.3; Qpid JMS checks for the null source/target)."""
+        if link.is_sender:
+            write_null(link.source)
+            link.target.copy(link.remote_target)
+        else:
+            write_null(link.target)
+            link.source.copy(link.remote_source)
+        link.open()
+        link.condition = Condition(condition, description)
+        link.close()
+        self.server.metrics_refused[condition] = self.server.metrics_refused.get(condition, 0) + 1
+        log.warning("connection %s: attach of link '%s' refused: %s: %s", self.protocol.peer,
+                    link.name, condition, description)
+
+    def _attach_producer(self, link: Link) -> Producer:
+        target = read_target(link.remote_target)
+        if target.coordinator:
+            raise AttachRefused("amqp:not-implemented", "transactions are not supported yet")
+        resolution = None
+        if target.address:
+            try:
+                resolution = self.broker.resolve(target.address, topic=target.has("topic"))
+            except AddressNotFound as exc:
+                raise AttachRefused("amqp:not-found", exc.why) from None
+            if resolution.kind is AddressKind.NEW_QUEUE:
+                self.broker.declare_queue(resolution.name, durable=True)
+                resolution = resolution.__class__(AddressKind.QUEUE, resolution.name)
+        link.source.copy(link.remote_source)
+        write_target(link.target, target)
+        link.snd_settle_mode = link.remote_snd_settle_mode
+        link.rcv_settle_mode = link.remote_rcv_settle_mode
+        link.open()
+        limits = self.server.settings.limits
+        return Producer(self, link, resolution, limits.link_credit, limits.max_message_size)
+
+    def on_link_remote_detach(self, ev: Event) -> None:
+        self._link_detached(ev.link, closed=False)
+
+    def on_link_remote_close(self, ev: Event) -> None:
+        self._link_detached(ev.link, closed=True)
+
+    def _link_detached(self, link: Link, *, closed: bool) -> None:
+        endpoint = self.endpoints.pop(id_of(link), None)
+        self.server.forget_link(self, link)
+        answer: Condition | None = None
+        if endpoint is not None:
+            self.links -= 1
+            answer = self._release(endpoint, closed=closed)
+        if link.state & Link.LOCAL_CLOSED:
+            return
+        if answer is not None:
+            link.condition = answer
+        if closed:
+            link.close()
+        else:
+            link.detach()
+
+    def link_ended(self, link: Link) -> None:
+        """We closed a link ourselves (e.g. message too large)."""
+        endpoint = self.endpoints.pop(id_of(link), None)
+        if endpoint is not None:
+            self.links -= 1
+            self._release(endpoint, closed=False)
+
+    def stolen(self, link: Link) -> None:
+        """AMQP 1.0 §2.6.2: the same link attached elsewhere takes it over."""
+        endpoint = self.endpoints.pop(id_of(link), None)
+        if endpoint is not None:
+            self.links -= 1
+            self._release(endpoint, closed=False)
+        link.condition = Condition("amqp:link:stolen", "link attached again by another session")
+        link.detach()
+        self.protocol.mark_dirty()
+
+    def _release(self, endpoint: Any, *, closed: bool) -> Condition | None:
+        if isinstance(endpoint, LinkConsumer):
+            endpoint.close()
+            if endpoint in self.consumers:
+                self.consumers.remove(endpoint)
+            return self._consumer_gone(endpoint, closed)
+        return None
+
+    def _consumer_gone(self, consumer: LinkConsumer, closed: bool) -> Condition | None:
+        queue = consumer.queue
+        sub = consumer.subscription
+        if sub is not None:
+            action = self.server.subscriptions.detach(sub, consumer.link.name, closed=closed)
+            if action is DetachAction.REFUSE_LOCKED:
+                return Condition("amqp:resource-locked",
+                                 f"There are active consumers on the shared subscription "
+                                 f"'{sub.key.name if sub.key else sub.queue_name}'")
+            return None
+        if (queue.lifetime is LifetimePolicy.DELETE_ON_NO_LINKS and not queue.consumers
+                and not queue.deleted):
+            self.broker.delete_queue(queue.name)
+        return None
+
+    # ------------------------------------------------------------------ flow and deliveries
+
+    def on_link_flow(self, ev: Event) -> None:
+        endpoint = self.endpoints.get(id_of(ev.link))
+        if isinstance(endpoint, LinkConsumer):
+            endpoint.on_flow()
+
+    def on_delivery(self, ev: Event) -> None:
+        dlv = ev.delivery
+        endpoint = self.endpoints.get(id_of(dlv.link))
+        if endpoint is None:
+            dlv.settle()
+        elif isinstance(endpoint, LinkConsumer):
+            endpoint.on_disposition(dlv)
+        else:
+            endpoint.on_delivery(dlv)
+
+    def receive(self, producer: Producer, dlv: Delivery, raw: bytes) -> None:
+        """A complete message arrived on a producer link."""
+        try:
+            msg = Message(raw, publisher=self.connection_key)
+            target = producer.target or self.broker.resolve_for_relay(msg)
+            self.broker.publish(msg, target)
+        except MalformedMessage as exc:
+            self._reject(producer, dlv, "amqp:decode-error", str(exc))
+            return
+        except AddressNotFound as exc:
+            self._reject(producer, dlv, "amqp:not-found", exc.why)
+            return
+        if dlv.settled:  # pre-settled by the producer: nothing to answer
+            dlv.settle()
+            return
+        producer.settle_in_order(dlv, ACCEPTED)
+
+    def _reject(self, producer: Producer, dlv: Delivery, condition: str, description: str) -> None:
+        log.warning("connection %s: message on link '%s' rejected: %s: %s", self.protocol.peer,
+                    producer.link.name, condition, description)
+        if dlv.settled:
+            dlv.settle()
+            return
+        producer.settle_in_order(dlv, REJECTED, Condition(condition, description))
+
+    def transactional_ack(self, consumer: LinkConsumer, dlv: Delivery, entry: Any) -> None:
+        # Until transactions land, a transactional acknowledgement counts as accepted.
+        consumer.apply_outcome(entry, ACCEPTED, dlv.remote)
+        dlv.settle()
+
+
+def id_of(link: Link) -> int:
+    """A stable key for a proton link (wrappers are recreated per event)."""
+    return hash(link)
+
+
+def session_key(session: Any) -> int:
+    return hash(session)
+
+
+__all__ = ["ConnectionHandler", "ExclusivityPolicy", "SOLE_CONNECTION"]
