@@ -279,6 +279,13 @@ def test_string_literals(text, value, expected):
     ("%b%b", "xbb", True),
     ("%b%b", "xb", False),
     ("[x]*", "[x]*", True),
+    ("ab%", "abc", True),
+    ("ab%", "cab", False),
+    ("%bc", "abc", True),
+    ("%bc", "bca", False),
+    ("%b%", "abc", True),
+    ("%b%", "ac", False),
+    ("abc", "abcd", False),
 ])
 def test_like_patterns(pattern, value, expected):
     assert tri(f"s LIKE '{pattern}'", s=value) is expected
