@@ -584,7 +584,7 @@ def build_rows(summ: dict, scenarios: list[str], brokers: list[str], failed: dic
         "p2p": [("msgs/s", "msgs_per_s", fmt_rate, False)],
         "fanout": [("deliveries/s", "msgs_per_s", fmt_rate, False)],
         "competing": [("msgs/s", "msgs_per_s", fmt_rate, False),
-                      ("max dev. from even split %", "split_max_dev_pct",
+                      ("split max dev %", "split_max_dev_pct",
                        lambda v: "—" if v is None else f"{v:.1f}", None)],
         "latency": [("p50 ms", "p50_ms", fmt_ms, True), ("p99 ms", "p99_ms", fmt_ms, True),
                     ("achieved msgs/s", "msgs_per_s", fmt_rate, False)],
@@ -674,6 +674,8 @@ def main(argv=None) -> int:
     if not LOADGEN.exists():
         print(f"{LOADGEN} missing: run bench/build.sh (or bench/setup.sh)", file=sys.stderr)
         return 2
+    # Ctrl-C must reach us even if SIGINT was inherited as ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _sigterm)
     signal.signal(signal.SIGHUP, _sigterm)
 

@@ -197,6 +197,7 @@ def test_proton_subclass_values():
     assert tri("s LIKE 'a%' AND s IN ('abc')", s=proton.symbol("abc")) is True
     assert tri("f > 1.0", f=proton.float32(1.5)) is True
     assert tri("t + 1 = 11", t=proton.timestamp(10)) is True
+    assert tri("y BETWEEN 1 AND 3 AND y NOT BETWEEN 3 AND 4", y=proton.ubyte(2)) is True
 
 
 @pytest.mark.parametrize("text, props, expected", [
@@ -389,7 +390,8 @@ def test_non_string_selector():
 COMPARISONS = {"=": operator.eq, "<>": operator.ne, "<": operator.lt, "<=": operator.le,
                ">": operator.gt, ">=": operator.ge}
 numbers = st.one_of(st.integers(-10**20, 10**20), st.floats(allow_nan=False, allow_infinity=False))
-values = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.floats(-5, 5), st.sampled_from("ab"))
+values = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.floats(-5, 5),
+                   st.sampled_from("ab"))
 
 
 @relaxed

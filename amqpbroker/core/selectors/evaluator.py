@@ -222,7 +222,9 @@ def between_fn(negated: bool, value: Node, low: Node, high: Node) -> Fn:
             return (v < lo or v > hi) if negated else (lo <= v <= hi)
         if negated:
             a, b = compare(lt, True, v, lo), compare(gt, True, v, hi)
-            return True if a is True or b is True else (False if a is False and b is False else None)
+            if a is True or b is True:
+                return True
+            return False if a is False and b is False else None
         a, b = compare(ge, True, v, lo), compare(le, True, v, hi)
         return False if a is False or b is False else (True if a is True and b is True else None)
     return between
@@ -271,7 +273,8 @@ def arith_fn(opname: str, left: Node, right: Node) -> Fn:
         a, b = lf(lookup), rf(lookup)
         if a is None or b is None:
             return None
-        if (type(a) in _FAST_NUM or kind_of(a) == NUM) and (type(b) in _FAST_NUM or kind_of(b) == NUM):
+        if ((type(a) in _FAST_NUM or kind_of(a) == NUM)
+                and (type(b) in _FAST_NUM or kind_of(b) == NUM)):
             try:
                 return op(a, b)
             except (ZeroDivisionError, OverflowError):  # x / 0, huge int -> float
@@ -327,7 +330,7 @@ def like_matcher(pattern: str, escape: str | None) -> Callable[[str], bool]:
             return lambda s, p=lits[1]: p in s
 
     def rx(seg: list[str | None]) -> re.Pattern[str]:
-        return re.compile("".join(".?" if c is None else re.escape(c) for c in seg), re.DOTALL)
+        return re.compile("".join("." if c is None else re.escape(c) for c in seg), re.DOTALL)
 
     if len(segments) == 1:
         whole = rx(segments[0])

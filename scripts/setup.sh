@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Install what amqpbroker needs on a fresh Debian/Ubuntu machine: the system
+# libraries python-qpid-proton compiles against (OpenSSL for TLS, Cyrus SASL),
+# a virtualenv in .venv, and the package with its test extras.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""
+if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null; then SUDO="sudo"; fi
+
+need_pkgs=()
+for pkg in libssl-dev libsasl2-dev libsasl2-modules pkg-config openssl gcc python3-dev python3-venv; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need_pkgs+=("$pkg")
+done
+if [ ${#need_pkgs[@]} -gt 0 ] && command -v apt-get >/dev/null; then
+  $SUDO apt-get update -qq
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${need_pkgs[@]}"
+fi
+
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+extras=${AMQPBROKER_EXTRAS:-test}
+.venv/bin/python -m pip install -q -e ".[${extras}]"
+# proton silently builds without TLS when OpenSSL headers are missing: fail loudly.
+.venv/bin/python -c "import proton, sys; sys.exit(0 if proton.SSL.present() else 'python-qpid-proton was built without TLS')"

@@ -1,0 +1,44 @@
+"""Builders for pure-core tests: encoded messages and an in-memory consumer."""
+
+from __future__ import annotations
+
+from proton import Message as PnMessage
+
+from amqpbroker.core.message import Message
+
+
+def make_message(body="x", *, publisher=None, arrival=None, **fields) -> Message:
+    """Encode a real AMQP message with proton and wrap it as the broker does."""
+    return Message(PnMessage(body=body, **fields).encode(), publisher=publisher, arrival=arrival)
+
+
+class RecordingConsumer:
+    """A ConsumerPort that records deliveries; credit is set by the test."""
+
+    _ids = iter(range(1, 10**9))
+
+    def __init__(self, credit=0, accept=None, browser=False):
+        self.consumer_id = next(self._ids)
+        self._credit = credit
+        self._accept = accept
+        self.filtered = accept is not None
+        self.browser = browser
+        self.delivered = []
+
+    def credit(self):
+        return self._credit
+
+    def grant(self, n, queue=None):
+        self._credit += n
+        if queue is not None:
+            queue.dispatch()
+
+    def accepts(self, entry):
+        return self._accept(entry) if self._accept else True
+
+    def deliver(self, entry):
+        self._credit -= 1
+        self.delivered.append(entry)
+
+    def bodies(self):
+        return [PnMessage().decode(e.payload()) or None for e in self.delivered]

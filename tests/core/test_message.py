@@ -1,0 +1,60 @@
+import pytest
+from proton import Message as PnMessage, symbol
+
+from amqpbroker.core.message import MalformedMessage, Message, selector_lookup
+from tests.core.helpers import make_message
+
+
+def test_header_fields_and_routing_properties():
+    m = make_message("b", durable=True, priority=7, ttl=2.5, subject="a.b", address="q", id="m1",
+                     group_id="g", properties={"color": "red"})
+    assert (m.durable, m.priority, m.ttl) == (True, 7, 2500)
+    assert m.prop("subject") == "a.b" and m.prop("to") == "q" and m.group_id() == "g"
+    assert m.application_properties == {"color": "red"}
+    assert m.body() == "b"
+
+
+def test_defaults_without_header():
+    m = Message(PnMessage(body="x").encode())
+    assert (m.durable, m.priority, m.ttl, m.delivery_count) == (False, 4, None, 0)
+
+
+def test_encoded_rewrites_only_the_header():
+    m = make_message("payload", durable=True, priority=2, properties={"k": 1})
+    assert m.encoded(0) == m.raw
+    out = PnMessage()
+    out.decode(m.encoded(3))
+    assert (out.delivery_count, out.durable, out.priority, out.body, out.properties) == (3, True, 2, "payload", {"k": 1})
+
+
+def test_message_without_header_gets_one_on_redelivery():
+    m = Message(PnMessage(body="x").encode())
+    out = PnMessage()
+    out.decode(m.encoded(1))
+    assert out.delivery_count == 1 and out.body == "x"
+
+
+def test_delivery_annotations():
+    now = 1000.0
+    m = make_message("x", arrival=now, annotations={symbol("x-opt-delivery-delay"): 1500})
+    assert m.delivery_time() == pytest.approx(1001.5)
+    m2 = make_message("x", annotations={symbol("x-opt-delivery-time"): 5_000_000})
+    assert m2.delivery_time() == 5000.0
+
+
+def test_malformed_payload():
+    with pytest.raises(MalformedMessage):
+        Message(b"garbage")
+    with pytest.raises(MalformedMessage):
+        Message(b"\x00\x53\x77\xa1\x10short")
+
+
+def test_selector_lookup_maps_jms_headers():
+    m = make_message("x", durable=True, priority=6, subject="car", id="ID:1", correlation_id="c",
+                     group_id="g", creation_time=12.0, properties={"color": "blue"})
+    look = selector_lookup(m, 2)
+    assert look("JMSType") == "car" and look("JMSPriority") == 6
+    assert look("JMSDeliveryMode") == "PERSISTENT" and look("JMSXDeliveryCount") == 3
+    assert look("JMSMessageID") == "ID:1" and look("JMSCorrelationID") == "c"
+    assert look("JMSXGroupID") == "g" and look("JMSTimestamp") == 12000
+    assert look("color") == "blue" and look("missing") is None

@@ -1,0 +1,195 @@
+"""Queue dispatch, ordering and outcomes without a socket."""
+
+from __future__ import annotations
+
+from proton import Message as PnMessage
+
+from amqpbroker.core.queues import Outcome, Queue
+from tests.core.helpers import RecordingConsumer, make_message
+
+
+def bodies(entries):
+    out = []
+    for e in entries:
+        m = PnMessage()
+        m.decode(e.payload())
+        out.append(m.body)
+    return out
+
+
+class Clock:
+    def __init__(self, t=1000.0):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+def test_fifo_within_priority_and_higher_priority_first():
+    q = Queue("q")
+    for i, p in enumerate([4, 4, 9, 0, 9]):
+        q.enqueue(make_message(f"m{i}", priority=p))
+    c = RecordingConsumer(credit=10)
+    q.add_consumer(c)
+    assert bodies(c.delivered) == ["m2", "m4", "m0", "m1", "m3"]
+
+
+def test_no_delivery_without_credit_then_credit_releases_exactly_that_many():
+    q = Queue("q")
+    for i in range(5):
+        q.enqueue(make_message(i))
+    c = RecordingConsumer(credit=0)
+    q.add_consumer(c)
+    assert c.delivered == []
+    c.grant(2, q)
+    assert bodies(c.delivered) == [0, 1]
+    assert q.ready_count == 3 and q.acquired == 2
+
+
+def test_round_robin_is_even_and_skips_consumers_without_credit():
+    q = Queue("q")
+    consumers = [RecordingConsumer(credit=1000) for _ in range(3)]
+    starved = RecordingConsumer(credit=0)
+    for c in consumers + [starved]:
+        q.add_consumer(c)
+    for i in range(300):
+        q.enqueue(make_message(i))
+    assert [len(c.delivered) for c in consumers] == [100, 100, 100]
+    assert starved.delivered == []
+
+
+def test_accept_removes_and_release_returns_unchanged():
+    q = Queue("q")
+    q.enqueue(make_message("a"))
+    c = RecordingConsumer(credit=5)
+    q.add_consumer(c)
+    entry = c.delivered[0]
+    c._credit = 0
+    q.settle(entry, Outcome.RELEASED)
+    assert entry.delivery_count == 0 and q.ready_count == 1
+    c.grant(1, q)
+    q.settle(c.delivered[1], Outcome.ACCEPTED)
+    assert q.depth == 0 and q.acked_total == 1
+
+
+def test_modified_delivery_failed_counts_and_rewrites_header():
+    q = Queue("q")
+    q.enqueue(make_message("a"))
+    c = RecordingConsumer(credit=1)
+    q.add_consumer(c)
+    q.settle(c.delivered[0], Outcome.MODIFIED, delivery_failed=True)
+    c.grant(1, q)
+    redelivered = c.delivered[1]
+    m = PnMessage()
+    m.decode(redelivered.payload())
+    assert redelivered.delivery_count == 1 and m.delivery_count == 1 and m.body == "a"
+
+
+def test_undeliverable_here_goes_to_another_consumer_only():
+    q = Queue("q")
+    a, b = RecordingConsumer(credit=5), RecordingConsumer(credit=0)
+    q.add_consumer(a)
+    q.add_consumer(b)
+    q.enqueue(make_message("x"))
+    q.settle(a.delivered[0], Outcome.MODIFIED, undeliverable_here=True)
+    assert len(a.delivered) == 1            # not offered to `a` again
+    b.grant(1, q)
+    assert bodies(b.delivered) == ["x"]
+
+
+def test_link_close_returns_unsettled_in_original_order_with_count_plus_one():
+    q = Queue("q")
+    for i in range(4):
+        q.enqueue(make_message(i))
+    a = RecordingConsumer(credit=2)
+    b = RecordingConsumer(credit=2)
+    q.add_consumer(a)
+    q.add_consumer(b)
+    # a got 0 and 2, b got 1 and 3 (round robin)
+    q.remove_consumer(b, list(b.delivered))
+    q.remove_consumer(a, list(a.delivered))
+    c = RecordingConsumer(credit=10)
+    q.add_consumer(c)
+    assert bodies(c.delivered) == [0, 1, 2, 3]
+    assert all(e.delivery_count == 1 for e in c.delivered)
+
+
+def test_max_delivery_attempts_dead_letters():
+    dead = []
+    q = Queue("q", max_delivery_attempts=2, dead_letter=lambda e, why: dead.append((e, why)))
+    q.enqueue(make_message("poison"))
+    c = RecordingConsumer(credit=10)
+    q.add_consumer(c)
+    q.settle(c.delivered[0], Outcome.MODIFIED, delivery_failed=True)
+    q.settle(c.delivered[1], Outcome.MODIFIED, delivery_failed=True)
+    assert len(dead) == 1 and "attempts" in dead[0][1]
+    assert q.depth == 0
+
+
+def test_rejected_goes_to_dead_letter():
+    dead = []
+    q = Queue("q", dead_letter=lambda e, why: dead.append(why))
+    q.enqueue(make_message("bad"))
+    c = RecordingConsumer(credit=1)
+    q.add_consumer(c)
+    q.settle(c.delivered[0], Outcome.REJECTED)
+    assert dead == ["rejected"] and q.depth == 0
+
+
+def test_ttl_expired_messages_are_never_delivered():
+    clock = Clock()
+    q = Queue("q", clock=clock)
+    q.enqueue(make_message("old", ttl=1.0, arrival=clock.t))
+    q.enqueue(make_message("fresh", arrival=clock.t))
+    clock.t += 2
+    c = RecordingConsumer(credit=5)
+    q.add_consumer(c)
+    assert bodies(c.delivered) == ["fresh"] and q.expired_total == 1
+
+
+def test_delayed_delivery_waits_for_its_time():
+    from proton import symbol
+    clock = Clock()
+    q = Queue("q", clock=clock)
+    c = RecordingConsumer(credit=5)
+    q.add_consumer(c)
+    q.enqueue(make_message("later", arrival=clock.t,
+                           annotations={symbol("x-opt-delivery-delay"): 5000}))
+    assert c.delivered == [] and q.next_wakeup() == clock.t + 5
+    clock.t += 5
+    q.promote_due(clock.t)
+    assert bodies(c.delivered) == ["later"]
+
+
+def test_selector_consumer_leaves_non_matching_for_others():
+    q = Queue("q")
+    picky = RecordingConsumer(credit=5, accept=lambda e: e.msg.application_properties.get("k") == 1)
+    q.add_consumer(picky)
+    q.enqueue(make_message("no", properties={"k": 2}))
+    q.enqueue(make_message("yes", properties={"k": 1}))
+    assert bodies(picky.delivered) == ["yes"] and q.ready_count == 1
+    other = RecordingConsumer(credit=5)
+    q.add_consumer(other)
+    assert bodies(other.delivered) == ["no"]
+
+
+def test_message_groups_stick_to_one_consumer_then_move():
+    q = Queue("q")
+    a, b = RecordingConsumer(credit=100), RecordingConsumer(credit=100)
+    q.add_consumer(a)
+    q.add_consumer(b)
+    for i in range(6):
+        q.enqueue(make_message(i, group_id="g1"))
+    assert len(a.delivered) == 6 and b.delivered == []
+    for e in list(a.delivered):
+        q.settle(e, Outcome.ACCEPTED)
+    q.remove_consumer(a, [])
+    q.enqueue(make_message("after", group_id="g1"))
+    assert bodies(b.delivered) == ["after"]
+
+
+def test_purge_removes_ready_entries():
+    q = Queue("q")
+    for i in range(3):
+        q.enqueue(make_message(i))
+    assert q.purge() == 3 and q.depth == 0 and q.bytes == 0
