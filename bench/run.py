@@ -512,7 +512,9 @@ def summarize(runs: list[dict]) -> dict:
         out.setdefault((r["scenario"], r["broker"]), []).append(r)
     summ = {}
     for key, rs in out.items():
-        ok = [r for r in rs if "msgs_per_s" in r]
+        # runs that ended in an error (connection lost, broker died) are not
+        # measurements; timed-out runs are kept and flagged
+        ok = [r for r in rs if "msgs_per_s" in r and not r.get("error")]
         s = {
             "runs": len(rs),
             "msgs_per_s": med([r["msgs_per_s"] for r in ok]),
@@ -546,7 +548,8 @@ def fmt_ratio(a, b, invert=False):
     return f"{r:.2f}×"
 
 
-def build_rows(summ: dict, scenarios: list[str], brokers: list[str], failed: dict) -> tuple[list, list]:
+def build_rows(summ: dict, scenarios: list[str], brokers: list[str], failed: dict,
+               died: dict) -> tuple[list, list]:
     """Rows of the main table: (label, {broker: cell}, ratio_rabbit, ratio_c)."""
     ratio_to = [b for b in ("rabbitmq", "cbroker") if b in brokers and "amqpbroker" in brokers]
     header = ["scenario", "metric"] + [LABELS[b] for b in brokers] + [
@@ -558,11 +561,11 @@ def build_rows(summ: dict, scenarios: list[str], brokers: list[str], failed: dic
             return "failed to start"
         s = summ.get((sc, b))
         if s is None:
-            return "—"
+            return "broker died" if b in died else "—"
         v = s.get(metric)
         txt = fmt(v)
         if v is None and s["errors"]:
-            return "error"
+            return "broker died" if b in died else "error"
         flags = []
         if s["timeouts"]:
             flags.append("timeout")
@@ -680,7 +683,8 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGHUP, _sigterm)
 
     brokers: list[Broker] = []
-    failed: dict[str, str] = {}
+    failed: dict[str, str] = {}  # failed to start
+    died: dict[str, str] = {}  # died during the benchmark
     runs: list[dict] = []
     interrupted = False
     started_at = _dt.datetime.now().isoformat(timespec="seconds")
@@ -711,13 +715,14 @@ def main(argv=None) -> int:
             order = live[rep % len(live):] + live[:rep % len(live)] if live else []
             for sc in args.scenario_list:
                 for b in order:
-                    if b.name in failed:
+                    if b.name in died:
                         continue
                     if sc == "fanout" and not b.supports_topic:
                         continue
                     if not b.alive():
-                        failed[b.name] = "broker died: " + " ".join(b.output_tail().split())[-600:]
-                        print(f"{b.name}: {failed[b.name]}", flush=True)
+                        died[b.name] = (f"exit code {b.proc.returncode if b.proc else '?'}: "
+                                        + " ".join(b.output_tail().split())[-600:])
+                        print(f"{b.name}: broker died ({died[b.name]})", flush=True)
                         continue
                     r = run_loadgen(b, sc, rep, args)
                     runs.append(r)
@@ -743,12 +748,18 @@ def main(argv=None) -> int:
                 log(f"stopping {b.name}: {e!r}")
 
     summ = summarize(runs)
-    header, rows = build_rows(summ, args.scenario_list, args.broker_list, failed)
+    header, rows = build_rows(summ, args.scenario_list, args.broker_list, failed, died)
     print()
     print_table(header, rows, args)
     for name, msg in failed.items():
-        print(f"{name}: failed to start ({msg})" if not msg.startswith("broker died")
-              else f"{name}: {msg}")
+        print(f"{name}: failed to start ({msg})")
+    for name, msg in died.items():
+        print(f"{name}: broker died during the benchmark ({msg})")
+    errs = [r for r in runs if r.get("error")]
+    for r in errs:
+        print(f"error in {r['scenario']} on {r['broker']} (rep {r['rep'] + 1}): {r['error']}")
+    if interrupted:
+        print("interrupted: the table holds the runs finished so far")
     comp = [(b, summ.get(("competing", b))) for b in args.broker_list]
     comp = [(b, s) for b, s in comp if s and s["per_receiver"]]
     if comp:
@@ -770,6 +781,7 @@ def main(argv=None) -> int:
             "args": {k: v for k, v in vars(args).items() if k not in ("broker_list", "scenario_list")},
             "brokers": {b.name: b.describe() for b in brokers},
             "failed": failed,
+            "died": died,
             "runs": runs,
             "summary": [dict(scenario=k[0], broker=k[1], **v) for k, v in summ.items()],
             "table": {"header": header, "rows": rows},

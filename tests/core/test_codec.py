@@ -10,7 +10,9 @@ from amqpbroker.core import codec
 def proton_decode(raw):
     d = Data()
     d.decode(raw)
-    return d.get_object()
+    value = d.get_object()
+    # proton hands binaries out as views into its own buffer: copy while it lives
+    return bytes(value) if isinstance(value, memoryview) else value
 
 
 def proton_encode(value):
@@ -28,8 +30,7 @@ VALUES = [None, True, False, 0, 7, -1, 2**40, -(2**40), 1.5, "", "é" * 300, b"\
 @pytest.mark.parametrize("value", VALUES, ids=repr)
 def test_round_trip_against_proton(value):
     encoded = codec.encode(value)
-    decoded = proton_decode(encoded)
-    assert (bytes(decoded) if isinstance(decoded, memoryview) else decoded) == value
+    assert proton_decode(encoded) == value
     assert codec.decode(proton_encode(value))[0] == value
     assert codec.skip(encoded, 0) == len(encoded)
 
