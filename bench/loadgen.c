@@ -13,8 +13,13 @@
  * process, same clock) computes the end-to-end latency.
  *
  * At the end it prints one JSON line on stdout, e.g.
- *   {"sent":100000,"received":100000,"per_receiver":[100000],"seconds":2.1,
- *    "msgs_per_s":47000.0,"p50_ms":..,"p99_ms":..,"loadgen_cpu_s":..,...}
+ *   {"sent":100000,"received":100000,"per_receiver":[100000],"unique":100000,
+ *    "duplicates":0,"seconds":2.1,"msgs_per_s":47000.0,"p50_ms":..,"p99_ms":..,
+ *    "loadgen_cpu_s":..,"loadgen_wall_s":..,"loadgen_cpu_pct":..,...,"timeout":false}
+ * msgs_per_s counts distinct deliveries (for fan-out: deliveries, i.e. each
+ * receiver's distinct messages) per second, from the first send to the last
+ * needed delivery; a message delivered twice to a receiver (queue modes: to
+ * any receiver) counts once and shows up in "duplicates".
  *
  * This is a benchmark tool, not a test: it measures, it does not assert.
  */
@@ -63,7 +68,8 @@ typedef struct conn_ctx {
   double rate; /* msgs/s for this sender, 0 = unpaced */
   uint64_t seq_base;
   /* receiver */
-  uint64_t received;
+  uint64_t received, unique;
+  uint8_t *seen; /* per-receiver bitmap of sequence numbers (fan-out mode) */
   int64_t *lat_ns;
   size_t lat_len, lat_cap;
   char *buf;
@@ -108,6 +114,10 @@ static struct {
   atomic_bool stop;        /* leave event loops */
   atomic_int closed_conns;
   atomic_uint_fast64_t total_received;
+  atomic_uint_fast64_t total_unique;   /* first deliveries of a sequence number */
+  atomic_uint_fast64_t bad_seq;        /* body without marker / out of range */
+  _Atomic uint8_t *seen_all;           /* global bitmap (queue modes) */
+  uint64_t seq_space;                  /* sequence numbers in use: [0, seq_space) */
   atomic_uint_fast64_t total_settled;  /* sender deliveries settled by peer */
   atomic_uint_fast64_t total_accepted;
   atomic_uint_fast64_t total_sent;
@@ -168,7 +178,8 @@ static void check_done(void) {
   if (g.senders > 0) {
     if (atomic_load(&g.total_settled) < g.messages) return;
   }
-  if (atomic_load(&g.total_received) < expected_receives()) return;
+  /* count distinct deliveries, so that redeliveries cannot end the run early */
+  if (atomic_load(&g.total_unique) < expected_receives()) return;
   begin_close();
 }
 
@@ -262,14 +273,36 @@ static void receiver_message(conn_ctx_t *c, const char *data, size_t len) {
     if (memcmp(tail, MAGIC, MAGIC_LEN) == 0) p = tail;
   }
   if (!p) p = memmem(data, len, MAGIC, MAGIC_LEN);
+  bool fresh = false;
   if (p && (size_t)(data + len - p) >= HDR_LEN) {
     int64_t t_sent;
+    uint64_t seq;
     memcpy(&t_sent, p + MAGIC_LEN, 8);
-    if (c->lat_len == c->lat_cap) {
-      c->lat_cap = c->lat_cap ? c->lat_cap * 2 : 4096;
-      c->lat_ns = realloc(c->lat_ns, c->lat_cap * sizeof(int64_t));
+    memcpy(&seq, p + MAGIC_LEN + 8, 8);
+    if (seq < g.seq_space) {
+      uint8_t bit = (uint8_t)(1u << (seq & 7));
+      if (g.fanout) {
+        fresh = !(c->seen[seq >> 3] & bit);
+        c->seen[seq >> 3] |= bit;
+      } else {
+        fresh = !(atomic_fetch_or(&g.seen_all[seq >> 3], bit) & bit);
+      }
+    } else {
+      atomic_fetch_add(&g.bad_seq, 1);
     }
-    c->lat_ns[c->lat_len++] = t_recv - t_sent;
+    if (fresh) { /* latency of first deliveries only */
+      if (c->lat_len == c->lat_cap) {
+        c->lat_cap = c->lat_cap ? c->lat_cap * 2 : 4096;
+        c->lat_ns = realloc(c->lat_ns, c->lat_cap * sizeof(int64_t));
+      }
+      c->lat_ns[c->lat_len++] = t_recv - t_sent;
+    }
+  } else {
+    atomic_fetch_add(&g.bad_seq, 1);
+  }
+  if (fresh) {
+    c->unique++;
+    atomic_fetch_add(&g.total_unique, 1);
   }
   c->received++;
   atomic_fetch_add(&g.total_received, 1);
@@ -583,13 +616,17 @@ static void print_json(void) {
   getrusage(RUSAGE_SELF, &ru);
   double cpu = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 +
                (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
-  double wall = (double)(now_ns() - g.t_begin) / 1e9;
+  /* wall time of the measurement (setup + run), not of the close handshake */
+  double wall = (double)(end - g.t_begin) / 1e9;
+  double close_s = g.t_close ? (double)(now_ns() - g.t_close) / 1e9 : 0.0;
 
   uint64_t sent = atomic_load(&g.total_sent);
   uint64_t received = atomic_load(&g.total_received);
   uint64_t accepted = atomic_load(&g.total_accepted);
   uint64_t settled = atomic_load(&g.total_settled);
-  double rate = (g.receivers > 0 ? (double)received : (double)accepted) / secs;
+  uint64_t unique = atomic_load(&g.total_unique);
+  /* distinct deliveries per second; redeliveries are reported as duplicates */
+  double rate = (g.receivers > 0 ? (double)unique : (double)accepted) / secs;
 
   printf("{\"sent\":%" PRIu64 ",\"accepted\":%" PRIu64 ",\"rejected\":%" PRIu64
          ",\"received\":%" PRIu64 ",\"per_receiver\":[",
@@ -600,7 +637,10 @@ static void print_json(void) {
     printf("%s%" PRIu64, first ? "" : ",", g.conns[i].received);
     first = 0;
   }
-  printf("],\"seconds\":%.6f,\"msgs_per_s\":%.1f,\"sent_per_s\":%.1f", secs, rate,
+  printf("],\"unique\":%" PRIu64 ",\"duplicates\":%" PRIu64 ",\"unparsed\":%" PRIu64,
+         unique, received - unique,
+         (uint64_t)atomic_load(&g.bad_seq));
+  printf(",\"seconds\":%.6f,\"msgs_per_s\":%.1f,\"sent_per_s\":%.1f", secs, rate,
          (double)sent / secs);
   if (nlat) {
     printf(",\"p50_ms\":%.3f,\"p90_ms\":%.3f,\"p99_ms\":%.3f,\"max_ms\":%.3f",
@@ -616,6 +656,7 @@ static void print_json(void) {
          "\"window\":%" PRIu64 ",\"credit\":%d,\"rate\":%.1f,\"fanout\":%s,\"durable\":%s",
          g.messages, g.size, g.senders, g.receivers, g.window, g.credit, g.rate,
          g.fanout ? "true" : "false", g.durable ? "true" : "false");
+  printf(",\"close_s\":%.3f,\"unclosed\":%d", close_s, g.nconns - atomic_load(&g.closed_conns));
   printf(",\"timeout\":%s", atomic_load(&g.timed_out) ? "true" : "false");
   if (atomic_load(&g.has_error)) {
     printf(",\"error\":\"");
@@ -695,6 +736,9 @@ int main(int argc, char **argv) {
   char addr[PN_MAX_ADDR];
   pn_proactor_addr(addr, sizeof addr, g.host, g.port);
 
+  g.seq_space = g.messages;
+  size_t bm = (size_t)(g.seq_space / 8 + 1);
+  if (!g.fanout) g.seen_all = calloc(bm, 1);
   uint64_t per = g.senders ? g.messages / (uint64_t)g.senders : 0;
   uint64_t rem = g.senders ? g.messages % (uint64_t)g.senders : 0;
   uint64_t seq = 0;
@@ -704,6 +748,7 @@ int main(int argc, char **argv) {
     if (i < g.receivers) {
       c->role = ROLE_RECEIVER;
       c->idx = i;
+      if (g.fanout) c->seen = calloc(bm, 1);
     } else {
       c->role = ROLE_SENDER;
       c->idx = i - g.receivers;

@@ -525,6 +525,7 @@ def summarize(runs: list[dict]) -> dict:
             "split_max_dev_pct": med([r.get("split_max_dev_pct") for r in ok]),
             "per_receiver": [r.get("per_receiver") for r in ok],
             "timeouts": sum(1 for r in rs if r.get("timeout")),
+            "duplicates": max((r.get("duplicates") or 0) for r in rs),
             "errors": [r["error"] for r in rs if r.get("error")],
         }
         summ[key] = s
@@ -571,6 +572,8 @@ def build_rows(summ: dict, scenarios: list[str], brokers: list[str], failed: dic
             flags.append("timeout")
         if s["errors"] and not s["timeouts"]:
             flags.append("error")
+        if s.get("duplicates"):
+            flags.append(f"{s['duplicates']:,} dup")
         if extra and s.get("loadgen_cpu_pct") is not None:
             txt += f"  (lg {s['loadgen_cpu_pct']:.0f}%, br {s['broker_cpu_pct']:.0f}%)"
         if flags:
@@ -623,6 +626,7 @@ def print_table(header, rows, args) -> None:
                              for i, (c, w) in enumerate(zip(r, widths))))
     print("cells: median value  (lg = loadgen CPU % of one core, br = broker CPU % of one core)")
     print("ratios: >1× means amqpbroker is better (higher rate, or lower latency)")
+    print("rates count distinct messages (fan-out: per receiver); 'dup' = redelivered duplicates seen")
 
 
 # --------------------------------------------------------------------------
@@ -732,6 +736,10 @@ def main(argv=None) -> int:
                            f"{r.get('loadgen_cpu_pct', 0):.0f}%  broker CPU {r.get('broker_cpu_pct', 0):.0f}%")
                     if r.get("per_receiver") and len(r["per_receiver"]) > 1:
                         msg += f"  per receiver {r['per_receiver']}"
+                    if r.get("duplicates"):
+                        msg += f"  DUPLICATES {r['duplicates']}"
+                    if r.get("unclosed"):
+                        msg += f"  ({r['unclosed']} connection(s) not closed by the broker within 3 s)"
                     if r.get("timeout"):
                         msg += "  TIMEOUT"
                     if r.get("error"):

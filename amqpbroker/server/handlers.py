@@ -170,17 +170,20 @@ class ConnectionHandler:
             self.refuse(link, RESOURCE_LIMIT, "too many links on this connection")
             return
         link.max_message_size = self.server.settings.limits.max_message_size
+        # Steal first (AMQP 1.0 §2.6.1): the previous holder's consumer must be gone
+        # before the subscription table looks at consumer counts.
+        self.server.steal_link(self, link)
         try:
             if link.is_sender:
                 endpoint = self.attacher.attach(link)
             else:
                 endpoint = self._attach_producer(link)
         except AttachRefused as refused:
+            self.server.forget_link(self, link)
             self.refuse(link, refused.condition, refused.description)
             return
         self.links += 1
         self.endpoints[id_of(link)] = endpoint
-        self.server.steal_link(self, link)
 
     def refuse(self, link: Link, condition: str, description: str) -> None:
         """Null terminus + detach with the error: the refusal shape clients
@@ -239,7 +242,7 @@ class ConnectionHandler:
         if closed:
             link.close()
         else:
-            link.detach()
+            detach_with_condition(link)
 
     def link_ended(self, link: Link) -> None:
         """We closed a link ourselves (e.g. message too large)."""
@@ -255,7 +258,7 @@ class ConnectionHandler:
             self.links -= 1
             self._release(endpoint, closed=False)
         link.condition = Condition("amqp:link:stolen", "link attached again by another session")
-        link.detach()
+        detach_with_condition(link)
         self.protocol.mark_dirty()
 
     def _release(self, endpoint: Any, *, closed: bool) -> Condition | None:
@@ -327,6 +330,13 @@ class ConnectionHandler:
         # Until transactions land, a transactional acknowledgement counts as accepted.
         consumer.apply_outcome(entry, ACCEPTED, dlv.remote)
         dlv.settle()
+
+
+def detach_with_condition(link: Link) -> None:
+    """Detach (closed=false) carrying link.condition: proton's Link.detach() does not
+    copy the condition into the engine the way close() does."""
+    link._update_cond()
+    link.detach()
 
 
 def id_of(link: Link) -> int:

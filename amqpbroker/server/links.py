@@ -46,7 +46,7 @@ class LinkConsumer:
         self.browser = browser
         self.filtered = selector is not None or no_local
         self.presettled = link.snd_settle_mode == Link.SND_SETTLED
-        self.unsettled: dict[bytes, Entry] = {}
+        self.unsettled: dict[str, Entry] = {}
         self._tags = itertools.count(1)
         self.closed = False
         self.subscription: Any = None  # set by the subscription layer
@@ -66,7 +66,7 @@ class LinkConsumer:
         return True
 
     def deliver(self, entry: Entry) -> None:
-        tag = str(next(self._tags)).encode()
+        tag = str(next(self._tags))  # proton hands tags back as str (bytes2string)
         link = self.link
         dlv = link.delivery(tag)
         link.send(entry.payload())
