@@ -546,7 +546,7 @@ def fmt_ratio(a, b, invert=False):
     if a is None or b is None or b == 0 or a == 0:
         return "—"
     r = (b / a) if invert else (a / b)
-    return f"{r:.2f}×"
+    return f"{r:.2f}×" if r >= 0.1 else f"{r:.2g}×"
 
 
 def build_rows(summ: dict, scenarios: list[str], brokers: list[str], failed: dict,
@@ -557,7 +557,7 @@ def build_rows(summ: dict, scenarios: list[str], brokers: list[str], failed: dic
         f"amqpbroker / {LABELS[b]}" for b in ratio_to]
     rows = []
 
-    def cell(sc, b, metric, fmt, extra=True):
+    def cell(sc, b, metric, fmt, flagged=True):
         if b in failed:
             return "failed to start"
         s = summ.get((sc, b))
@@ -574,9 +574,7 @@ def build_rows(summ: dict, scenarios: list[str], brokers: list[str], failed: dic
             flags.append("error")
         if s.get("duplicates"):
             flags.append(f"{s['duplicates']:,} dup")
-        if extra and s.get("loadgen_cpu_pct") is not None:
-            txt += f"  (lg {s['loadgen_cpu_pct']:.0f}%, br {s['broker_cpu_pct']:.0f}%)"
-        if flags:
+        if flags and flagged:
             txt += " [" + ",".join(flags) + "]"
         return txt
 
@@ -595,24 +593,32 @@ def build_rows(summ: dict, scenarios: list[str], brokers: list[str], failed: dic
         "latency": [("p50 ms", "p50_ms", fmt_ms, True), ("p99 ms", "p99_ms", fmt_ms, True),
                     ("achieved msgs/s", "msgs_per_s", fmt_rate, False)],
     }
+    def cpu_cell(sc, b):
+        s = summ.get((sc, b))
+        if b in failed or not s or s.get("loadgen_cpu_pct") is None:
+            return "—"
+        return f"{s['loadgen_cpu_pct']:.0f} / {s['broker_cpu_pct']:.0f}"
+
     for sc in scenarios:
         for i, (label, metric, fmt, lower_better) in enumerate(metrics[sc]):
-            cells = [cell(sc, b, metric, fmt, extra=(i == 0)) for b in brokers]
+            cells = [cell(sc, b, metric, fmt, flagged=(i == 0)) for b in brokers]
             a = value(sc, "amqpbroker", metric)
             # ratio > 1 means amqpbroker is better (faster / lower latency)
             ratios = ["" if lower_better is None
                       else fmt_ratio(a, value(sc, b, metric), invert=lower_better)
                       for b in ratio_to]
             rows.append([sc if i == 0 else "", label, *cells, *ratios])
+        rows.append(["", "CPU % loadgen / broker", *[cpu_cell(sc, b) for b in brokers],
+                     *["" for _ in ratio_to]])
     return header, rows
 
 
 def print_table(header, rows, args) -> None:
     if HAVE_RICH and not args.plain:
-        console = Console(width=max(160, shutil.get_terminal_size((160, 40)).columns))
+        console = Console(width=max(180, shutil.get_terminal_size((180, 40)).columns))
         t = Table(title="AMQP 1.0 broker benchmark (median of repeats)", show_lines=False)
         for i, h in enumerate(header):
-            t.add_column(h, justify="left" if i < 2 else "right", no_wrap=(i >= 2))
+            t.add_column(h, justify="left" if i < 2 else "right", no_wrap=True)
         for r in rows:
             t.add_row(*r)
         console.print(t)
@@ -624,7 +630,8 @@ def print_table(header, rows, args) -> None:
         for r in rows:
             print(" | ".join((str(c).ljust(w) if i < 2 else str(c).rjust(w))
                              for i, (c, w) in enumerate(zip(r, widths))))
-    print("cells: median value  (lg = loadgen CPU % of one core, br = broker CPU % of one core)")
+    print("cells: median over repeats; CPU % is of one core (100% = one core busy; 2 cores here),"
+          " loadgen CPU = its user+sys CPU s / its wall s")
     print("ratios: >1× means amqpbroker is better (higher rate, or lower latency)")
     print("rates count distinct messages (fan-out: per receiver); 'dup' = redelivered duplicates seen")
 

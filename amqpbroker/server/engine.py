@@ -172,13 +172,16 @@ class AmqpProtocol(asyncio.Protocol):
         if self.collector.peek() is not None:
             self._process()
             self._dirty = False
+        # pending() hands out at most one output-buffer's worth (8 KiB at first) per
+        # call: loop until the transport has nothing more, or its output has ended.
         pending = t.pending()
-        if pending > 0:
+        while pending > 0:
             out = t.peek(pending)
             t.pop(len(out))
             if not self.closed:
                 self.sock.write(out)
-        elif pending < 0 and not self.closed:
+            pending = t.pending()
+        if pending < 0 and not self.closed:
             # Output side finished (close frame sent, or a transport error).
             self.closed = True
             self.sock.close()

@@ -101,6 +101,8 @@ def _assert_refused_as_clientid_clash(c: RawClient) -> None:
     cond = c.conn.remote_condition
     assert cond is not None and cond.name == "amqp:invalid-field"
     assert condition_info(cond) == {"invalid-field": "container-id"}
+    # after its Close the broker also drops the socket (no half-open refused peers)
+    c.wait(lambda: c.socket_closed, 5, "broker closing the socket")
 
 
 def test_second_sole_connection_with_same_container_id_is_refused(broker, clients):

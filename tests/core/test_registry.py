@@ -1,0 +1,85 @@
+"""The subscription registry applying decisions to the broker model (no sockets)."""
+
+from __future__ import annotations
+
+from amqpbroker.core.broker import Broker
+from amqpbroker.core.registry import SubscriptionRegistry
+from amqpbroker.core.subscriptions import GLOBAL_NAMESPACE, BindingSpec, Decision, DetachAction
+from amqpbroker.core.terms import Durability, ExpiryPolicy, SourceTerms
+from tests.core.helpers import RecordingConsumer, make_message
+
+TOPIC = BindingSpec("amq.topic", "news")
+
+
+def shared_durable_source(global_=True):
+    caps = {"topic", "shared"} | ({"global"} if global_ else set())
+    return SourceTerms(address="amq.topic/news", durable=Durability.UNSETTLED_STATE,
+                       expiry_policy=ExpiryPolicy.NEVER, capabilities=frozenset(caps))
+
+
+def attach(reg, name, container, source=None, binding=TOPIC):
+    d = reg.decide(name, container, source, binding if source else None)
+    assert d.decision is not Decision.REFUSE, d
+    sub, queue = reg.apply(d, link_name=name, container_id=container, owner=None, now=0.0)
+    consumer = RecordingConsumer(credit=100)
+    queue.add_consumer(consumer)
+    return sub, queue, consumer
+
+
+def new_registry():
+    broker = Broker()
+    return broker, SubscriptionRegistry(broker, lambda sel, owner: None)
+
+
+def test_global_links_n2_leave_no_registry_entry_after_plain_detach():
+    broker, reg = new_registry()
+    src = shared_durable_source()
+    sub, queue, c1 = attach(reg, "s|global", "ID:a", src)
+    _, _, c2 = attach(reg, "s|global2", "ID:a", src)
+    assert (GLOBAL_NAMESPACE, "s|global2") in reg.links
+    queue.remove_consumer(c2, [])
+    assert reg.detach(sub, "s|global2", closed=False) is DetachAction.KEEP
+    assert (GLOBAL_NAMESPACE, "s|global2") not in reg.links
+    assert (GLOBAL_NAMESPACE, "s|global") in reg.links
+
+
+def test_unsubscribe_deletes_queue_and_every_registry_link():
+    broker, reg = new_registry()
+    src = shared_durable_source(global_=False)
+    sub, queue, c1 = attach(reg, "s", "cid", src)
+    _, _, c2 = attach(reg, "s|2", "cid", src)
+    queue.remove_consumer(c2, [])
+    reg.detach(sub, "s|2", closed=False)
+    queue.remove_consumer(c1, [])
+    reg.detach(sub, "s", closed=False)
+    lookup_sub, lookup_queue, c3 = attach(reg, "s", "cid")       # null source lookup
+    assert lookup_sub is sub
+    lookup_queue.remove_consumer(c3, [])
+    assert reg.detach(sub, "s", closed=True) is DetachAction.DELETE
+    assert sub.queue_name not in broker.queues
+    assert reg.links == {} and reg.subscriptions == {}
+    assert broker.exchanges["amq.topic"].bindings == []
+
+
+def test_close_with_other_consumers_keeps_subscription_and_links():
+    broker, reg = new_registry()
+    src = shared_durable_source()
+    sub, queue, c1 = attach(reg, "s|global", "ID:a", src)
+    _, _, c2 = attach(reg, "s|global", "ID:b", src)
+    queue.remove_consumer(c2, [])
+    assert reg.detach(sub, "s|global", closed=True) is DetachAction.REFUSE_LOCKED
+    assert sub.queue_name in broker.queues and (GLOBAL_NAMESPACE, "s|global") in reg.links
+
+
+def test_recreate_drops_backlog_and_rebinds():
+    broker, reg = new_registry()
+    src = shared_durable_source(global_=False)
+    sub, queue, c1 = attach(reg, "s", "cid", src)
+    queue.remove_consumer(c1, [])
+    c1._credit = 0
+    queue.enqueue(make_message("old"))
+    d = reg.decide("s", "cid", src, BindingSpec("amq.topic", "sports"))
+    assert d.decision is Decision.RECREATE
+    new_sub, new_queue = reg.apply(d, link_name="s", container_id="cid", owner=None, now=1.0)
+    assert new_sub is not sub and new_queue.depth == 0
+    assert [b.key for b in broker.bindings_of(new_queue)] == ["sports"]
