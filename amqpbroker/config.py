@@ -60,6 +60,12 @@ class PolicyConfig(BaseModel):
     max_consumers_per_subscription: int = Field(0, ge=0)     # 0: unlimited
 
 
+class StoreConfig(BaseModel):
+    enabled: bool = True                                      # false: nothing survives a restart
+    initial_map_size: int = Field(64 << 20, ge=1 << 20)       # bytes; the map doubles as needed
+    max_map_size: int = Field(64 << 30, ge=1 << 20)           # bytes; beyond: resource-limit-exceeded
+
+
 class ExchangeDecl(BaseModel):
     name: str
     type: Literal["direct", "topic", "fanout"] = "topic"
@@ -94,6 +100,7 @@ class Settings(BaseSettings):
     users: dict[str, UserConfig] = {}
     limits: LimitsConfig = LimitsConfig()
     policy: PolicyConfig = PolicyConfig()
+    store: StoreConfig = StoreConfig()
     exchanges: list[ExchangeDecl] = []
     queues: list[QueueDecl] = []
     bindings: list[BindingDecl] = []

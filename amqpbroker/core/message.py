@@ -63,13 +63,15 @@ class Message:
     __slots__ = (
         "raw", "size", "durable", "priority", "ttl", "first_acquirer", "delivery_count",
         "_header_end", "_spans", "_props", "_app", "_annotations",
-        "publisher", "arrival",
+        "publisher", "arrival", "store_id", "store_refs",
     )
 
     def __init__(self, raw: bytes, publisher: Any = None, arrival: float | None = None):
         self.raw = raw
         self.size = len(raw)
         self.publisher = publisher  # opaque id of the publishing connection (no-local)
+        self.store_id: int | None = None   # set once the store holds the bytes
+        self.store_refs = 0                # durable entries referring to those bytes
         self.arrival = time.time() if arrival is None else arrival
         self.durable = False
         self.priority = DEFAULT_PRIORITY

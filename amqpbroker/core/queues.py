@@ -177,8 +177,12 @@ class Queue:
         self.created_at = clock()
         self.last_delivered_at: float | None = None
         self.last_consumer_at: float | None = None
-        self.on_enqueue: Callable[[Entry], None] | None = None   # store hook
-        self.on_remove: Callable[[Entry], None] | None = None    # store hook
+        # Durability hooks, set by the store layer on durable queues.
+        self.store_id: int | None = None
+        self.on_enqueue: Callable[[Entry], None] | None = None
+        self.on_remove: Callable[[Entry], None] | None = None
+        self.on_deliver: Callable[[Entry], None] | None = None
+        self.on_return: Callable[[Entry], None] | None = None
 
     # ------------------------------------------------------------------ counts
 
@@ -193,6 +197,10 @@ class Queue:
 
     def next_seq(self) -> int:
         return next(self._seq)
+
+    def reset_seq(self, start: int) -> None:
+        """Continue numbering at `start` (recovery: sequences never go back)."""
+        self._seq = itertools.count(start)
 
     # ------------------------------------------------------------------ enqueue
 
@@ -333,6 +341,8 @@ class Queue:
         self.acquired += 1
         self.delivered_total += 1
         self.last_delivered_at = self.clock()
+        if entry.store_ref is not None and self.on_deliver is not None:
+            self.on_deliver(entry)
         consumer.deliver(entry)
 
     # ------------------------------------------------------------------ outcomes
@@ -368,6 +378,8 @@ class Queue:
             if self.max_delivery_attempts and entry.delivery_count >= self.max_delivery_attempts:
                 self._dead_letter(entry, f"delivery attempts reached {self.max_delivery_attempts}")
                 return
+        if entry.store_ref is not None and self.on_return is not None:
+            self.on_return(entry)
         self._ready.push(entry)
 
     def _expire(self, entry: Entry) -> None:

@@ -75,7 +75,9 @@ class SubscriptionRegistry:
         if d.key is not None:
             namespace = d.key.namespace
             self.links[(namespace, link_name)] = d.key
-            sub.links.add(link_name)
+            if link_name not in sub.links and keeps_registry_link(link_name):
+                sub.links.add(link_name)
+                self._saved(sub)
         queue = self.broker.queues[sub.queue_name]
         return sub, queue
 
@@ -90,15 +92,19 @@ class SubscriptionRegistry:
         no_local_owner = container_id if (b.no_local and not d.shared) else None
         binding_filter = self.filter_factory(b.selector, no_local_owner)
         self.broker.bind(b.exchange, b.key, queue, binding_filter,
-                         {"selector": b.selector, "no_local": b.no_local})
+                         {"selector": b.selector, "no_local": b.no_local,
+                          "no_local_owner": no_local_owner})
         sub = Subscription(d.key, d.queue_name, d.exclusivity, d.lifetime, b, d.reply_source,
                            container_id, now)
         self.by_queue[d.queue_name] = sub
         if d.key is not None:
             self.subscriptions[d.key] = sub
-            if durable and self.on_saved is not None:
-                self.on_saved(sub)
+            self._saved(sub)
         return sub
+
+    def _saved(self, sub: Subscription) -> None:
+        if sub.durable and self.on_saved is not None:
+            self.on_saved(sub)
 
     # ------------------------------------------------------------------ detach
 
@@ -110,7 +116,10 @@ class SubscriptionRegistry:
         if sub.key is not None and (closed or not keeps_registry_link(link_name)):
             if action is not DetachAction.REFUSE_LOCKED:
                 self.links.pop((sub.key.namespace, link_name), None)
-                sub.links.discard(link_name)
+                if link_name in sub.links:
+                    sub.links.discard(link_name)
+                    if action is not DetachAction.DELETE:
+                        self._saved(sub)
         if action is DetachAction.DELETE:
             self._delete(sub)
         return action

@@ -18,6 +18,9 @@ from ..core.message import Message, selector_lookup
 from ..core.registry import SubscriptionRegistry
 from ..core.selectors import compile_selector
 from ..security.users import UserStore
+from ..store.base import Store
+from ..store.durability import DurabilityManager
+from ..store.lmdb_store import LmdbStore
 from .engine import AmqpProtocol
 from .sasl import SaslPolicy
 
@@ -63,6 +66,11 @@ class BrokerServer:
             max_consumers_per_subscription=p.max_consumers_per_subscription,
         ))
         self.subscriptions = SubscriptionRegistry(self.broker, binding_filter)
+        st = settings.store
+        self.store: Store = (LmdbStore(settings.data_dir / "store", map_size=st.initial_map_size,
+                                       max_map_size=st.max_map_size)
+                             if st.enabled else Store())
+        self.durability = DurabilityManager(self.broker, self.subscriptions, self.store)
         self.users = UserStore({name: u.password for name, u in settings.users.items()})
         self.listeners: list[Listener] = []
         self.protocols: set[AmqpProtocol] = set()
@@ -75,7 +83,6 @@ class BrokerServer:
         self.metrics_auth_failures = 0
         self.connection_count = 0
         self.stopping = False
-        self._declare_configured()
 
     # ------------------------------------------------------------------ set-up
 
@@ -88,7 +95,9 @@ class BrokerServer:
         for bd in self.settings.bindings:
             if bd.exchange not in b.exchanges or bd.queue not in b.queues:
                 raise ValueError(f"binding {bd.exchange} -> {bd.queue}: exchange or queue not declared")
-            b.bind(bd.exchange, bd.key, b.queues[bd.queue])
+            queue = b.queues[bd.queue]
+            if not any(x.key == bd.key and x.queue is queue for x in b.exchanges[bd.exchange].bindings):
+                b.bind(bd.exchange, bd.key, queue)
 
     def _sasl_policy(self, host: str, allow_anon: bool | None) -> SaslPolicy:
         anonymous = anonymous_allowed(allow_anon, host)
@@ -97,13 +106,20 @@ class BrokerServer:
 
     async def start(self) -> None:
         s = self.settings
+        snapshot = self.store.open(self.loop)
+        self.durability.recover(snapshot, binding_filter)
+        self.durability.install()
+        self._declare_configured()
         self.listeners.append(Listener("amqp", s.host, s.port, self._sasl_policy(s.host, s.allow_anonymous),
                                        s.client_id_policy))
         if s.tls is not None:
             ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             ctx.load_cert_chain(str(s.tls.cert_file), str(s.tls.key_file))
+            # Unset on [tls]: the top-level allow_anonymous applies (an explicit
+            # `allow_anonymous = false` must not leave the TLS listener open).
+            tls_anon = s.tls.allow_anonymous if s.tls.allow_anonymous is not None else s.allow_anonymous
             self.listeners.append(Listener("amqps", s.tls.host, s.tls.port,
-                                           self._sasl_policy(s.tls.host, s.tls.allow_anonymous),
+                                           self._sasl_policy(s.tls.host, tls_anon),
                                            s.tls.client_id_policy, ctx))
         for lst in self.listeners:
             lst.server = await self.loop.create_server(
@@ -223,6 +239,7 @@ class BrokerServer:
         for lst in self.listeners:
             if lst.server is not None:
                 await lst.server.wait_closed()
+        self.store.close()
         log.info("broker stopped")
 
 

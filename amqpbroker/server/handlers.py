@@ -303,8 +303,12 @@ class ConnectionHandler:
 
     def receive(self, producer: Producer, dlv: Delivery, raw: bytes) -> None:
         """A complete message arrived on a producer link."""
+        store = self.server.store
         try:
             msg = Message(raw, publisher=self.connection_key)
+            if msg.durable and store.full:
+                self._reject(producer, dlv, RESOURCE_LIMIT, "message store is full")
+                return
             target = producer.target or self.broker.resolve_for_relay(msg)
             self.broker.publish(msg, target)
         except MalformedMessage as exc:
@@ -316,7 +320,22 @@ class ConnectionHandler:
         if dlv.settled:  # pre-settled by the producer: nothing to answer
             dlv.settle()
             return
-        producer.settle_in_order(dlv, ACCEPTED)
+        if msg.store_id is not None and store.persistent:
+            # Accept only once the store has it on disk (group commit).
+            slot = producer.settle_in_order(dlv, ACCEPTED, ready=False)
+            store.after_commit(lambda err, p=producer, s=slot: self._committed(p, s, err))
+        else:
+            producer.settle_in_order(dlv, ACCEPTED)
+
+    def _committed(self, producer: Producer, slot: list, error: BaseException | None) -> None:
+        if self.ended:
+            return
+        if error is not None:
+            slot[1] = REJECTED
+            slot[2] = Condition(RESOURCE_LIMIT, f"message could not be stored: {error}")
+        slot[3] = True
+        producer.drain_settlements()
+        self.protocol.mark_dirty()
 
     def _reject(self, producer: Producer, dlv: Delivery, condition: str, description: str) -> None:
         log.warning("connection %s: message on link '%s' rejected: %s: %s", self.protocol.peer,

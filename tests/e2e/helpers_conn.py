@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import select
 import socket
+import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from proton import Collector, Connection, Endpoint, SASL, Transport, symbol
+from proton import Collector, Connection, Data, Described, Endpoint, SASL, Transport, symbol, ulong
 
 LOCAL_UNINIT = Endpoint.LOCAL_UNINIT
 REMOTE_ACTIVE = Endpoint.REMOTE_ACTIVE
@@ -204,6 +205,54 @@ def condition_info(cond: Any) -> dict[str, str]:
     return {str(k): str(v) for k, v in (info or {}).items()}
 
 
+# ---------------------------------------------------------------------- raw frames
+
+AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
+SASL_HEADER = b"AMQP\x03\x01\x00\x00"
+
+
+def amqp_frame(channel: int, code: int, fields: list, frame_type: int = 0) -> bytes:
+    """One frame carrying the performative `code` (frame_type 1: a SASL frame)."""
+    data = Data()
+    data.put_object(Described(ulong(code), fields))
+    body = data.encode()
+    return struct.pack(">IBBH", 8 + len(body), 2, frame_type, channel) + body
+
+
+def read_frames(sock: socket.socket, timeout: float = 10.0, until: int = 0x18) -> list:
+    """Performatives the peer sends (protocol headers skipped) until one with
+    descriptor `until` (default: close) arrives, the socket closes, or timeout."""
+    buf, out = b"", []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r, _, _ = select.select([sock], [], [], max(0.0, deadline - time.monotonic()))
+        if not r:
+            break
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+        while True:
+            if buf.startswith(b"AMQP") and len(buf) >= 8:
+                buf = buf[8:]
+                continue
+            if len(buf) < 8:
+                break
+            size, doff = struct.unpack(">IB", buf[:5])
+            if len(buf) < size:
+                break
+            body, buf = buf[doff * 4:size], buf[size:]
+            if body:
+                d = Data()
+                d.decode(body)
+                d.rewind()
+                d.next()
+                out.append(d.get_object())
+        if any(getattr(p, "descriptor", None) == until for p in out):
+            break
+    return out
+
+
 # ---------------------------------------------------------------------- CLI
 
 CLI = [sys.executable, "-m", "amqpbroker.cli"]
@@ -232,4 +281,4 @@ def make_self_signed(directory: Path) -> tuple[Path, Path]:
 
 
 __all__ = ["RawClient", "remote_properties", "remote_offered", "condition_info", "run_cli",
-           "make_self_signed", "SASL"]
+           "make_self_signed", "SASL", "amqp_frame", "read_frames", "AMQP_HEADER", "SASL_HEADER"]

@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import re
 import select
-import struct
 import time
 
 import pytest
-from proton import Data, Described, Endpoint, Message, symbol, uint, ulong
+from proton import Endpoint, Message, uint
 
+from amqpbroker import __version__
 from tests.broker_process import BrokerProcess
 from tests.client import connect, is_null_terminus
-from tests.e2e.helpers_conn import RawClient, condition_info, remote_offered, remote_properties
+from tests.e2e.helpers_conn import (RawClient, amqp_frame, condition_info, read_frames, remote_offered,
+                                    remote_properties)
 
 pytestmark = pytest.mark.e2e
 
@@ -82,7 +83,7 @@ def test_open_carries_container_id_capabilities_and_properties(broker, clients):
     assert remote_offered(c.conn) == {"SHARED-SUBS", "ANONYMOUS-RELAY", "DELAYED_DELIVERY", SOLE}
     props = remote_properties(c.conn)
     assert props.get("product") == "amqpbroker"
-    assert isinstance(props.get("version"), str) and re.match(r"\d+\.\d+", props["version"])
+    assert props.get("version") == __version__
 
 
 def test_default_frame_size_and_channel_max(broker, clients):
@@ -184,53 +185,14 @@ def test_sessions_up_to_the_limit_and_freed_on_end(limited, clients):
     assert s3.state & ACTIVE and not (s3.state & CLOSED), s3.remote_condition
 
 
-def _frame(channel: int, code: int, fields: list) -> bytes:
-    data = Data()
-    data.put_object(Described(ulong(code), fields))
-    body = data.encode()
-    return struct.pack(">IBBH", 8 + len(body), 2, 0, channel) + body
-
-
-def _read_frames(sock, timeout: float = 10.0) -> list:
-    """Performatives the broker sends until it closes the connection."""
-    buf, out = b"", []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        r, _, _ = select.select([sock], [], [], deadline - time.monotonic())
-        if not r:
-            break
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        buf += chunk
-        if any(isinstance(p, Described) and p.descriptor == 0x18 for p in out):
-            break
-        if buf.startswith(b"AMQP"):
-            buf = buf[8:]
-        while len(buf) >= 8:
-            size, doff = struct.unpack(">IB", buf[:5])
-            if len(buf) < size:
-                break
-            body, buf = buf[doff * 4:size], buf[size:]
-            if body:
-                d = Data()
-                d.decode(body)
-                d.rewind()
-                d.next()
-                out.append(d.get_object())
-        if any(isinstance(p, Described) and p.descriptor == 0x18 for p in out):
-            break
-    return out
-
-
 def test_begin_beyond_channel_max_is_refused_and_broker_keeps_serving(limited, clients):
     """A peer ignoring channel-max (raw frames) cannot get more sessions than the limit."""
     import socket
     with socket.create_connection((limited.host, limited.port), timeout=5) as s:
-        s.sendall(b"AMQP\x00\x01\x00\x00" + _frame(0, 0x10, ["raw-begin"]))
+        s.sendall(b"AMQP\x00\x01\x00\x00" + amqp_frame(0, 0x10, ["raw-begin"]))
         for ch in range(3):
-            s.sendall(_frame(ch, 0x11, [None, uint(0), uint(100), uint(100)]))
-        frames = _read_frames(s)
+            s.sendall(amqp_frame(ch, 0x11, [None, uint(0), uint(100), uint(100)]))
+        frames = read_frames(s)
     closes = [f for f in frames if f.descriptor == 0x18]
     ends = [f for f in frames if f.descriptor == 0x17]
     errors = [str(f.value[0].value[0]) for f in closes + ends if f.value and f.value[0] is not None]
@@ -253,6 +215,11 @@ def test_link_limit_refuses_with_null_terminus(limited, clients):
     assert r3.remote_condition is not None
     assert r3.remote_condition.name == "amqp:resource-limit-exceeded"
     limited.wait_for_log(r"attach of link 'r3' refused: amqp:resource-limit-exceeded")
+    s3 = c.sender(ssn, "link-limit-q", "s3")               # the producer side is limited too
+    c.wait(lambda: s3.state & CLOSED, what="detach of s3")
+    assert is_null_terminus(s3.remote_target)
+    assert s3.remote_condition is not None
+    assert s3.remote_condition.name == "amqp:resource-limit-exceeded"
     # the connection and its other links survive; a detached link frees its slot
     assert _is_open(c) and not (r1.state & CLOSED)
     r1.close()

@@ -1,0 +1,105 @@
+"""The interface the broker core talks to for durability, and a store that keeps
+nothing (embedded tests, or `--no-persistence`).
+
+Write operations are *queued*, never blocking: the broker calls them on the event
+loop thread while it routes and settles; a store makes them durable in batches and
+then runs the callbacks given to `after_commit()` on the loop thread.  Everything
+written before an `after_commit(cb)` call is durable when `cb` runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+FORMAT_VERSION = 1
+
+
+class StoreError(Exception):
+    """The store cannot do what was asked (full, wrong format, unreadable)."""
+
+
+class StoreFull(StoreError):
+    """The map reached its configured maximum or the disk is full."""
+
+
+@dataclass
+class QueueRecord:
+    name: str
+    queue_id: int
+    exclusivity: str
+    lifetime: str
+    max_delivery_attempts: int | None
+    last_seq: int = 0
+
+
+@dataclass
+class EntryRecord:
+    seq: int
+    msg_id: int
+    delivery_count: int
+    delivered: bool
+
+
+@dataclass
+class Snapshot:
+    """Everything durable, as read at start-up."""
+    exchanges: list[dict] = field(default_factory=list)
+    queues: list[QueueRecord] = field(default_factory=list)
+    bindings: list[dict] = field(default_factory=list)
+    subscriptions: list[dict] = field(default_factory=list)
+    next_msg_id: int = 1
+
+
+class Store:
+    """No persistence: every call is accepted and forgotten; callbacks run at once."""
+
+    persistent = False
+
+    def __init__(self) -> None:
+        self._next_msg_id = 1
+        self.full = False
+
+    # ---- lifecycle
+    def open(self, loop: Any) -> Snapshot:
+        return Snapshot()
+
+    def close(self) -> None:
+        pass
+
+    # ---- ids
+    def new_msg_id(self) -> int:
+        mid = self._next_msg_id
+        self._next_msg_id += 1
+        return mid
+
+    # ---- entities
+    def save_exchange(self, name: str, kind: str) -> None: ...
+    def delete_exchange(self, name: str) -> None: ...
+    def save_queue(self, record: QueueRecord) -> None: ...
+    def delete_queue(self, queue_id: int, name: str) -> None: ...
+    def save_binding(self, exchange: str, key: str, queue: str, arguments: dict) -> None: ...
+    def delete_binding(self, exchange: str, key: str, queue: str) -> None: ...
+    def save_subscription(self, queue: str, record: dict) -> None: ...
+    def delete_subscription(self, queue: str) -> None: ...
+
+    # ---- messages and entries
+    def put_message(self, msg_id: int, raw: bytes) -> None: ...
+    def drop_message(self, msg_id: int) -> None: ...
+    def put_entry(self, queue_id: int, seq: int, msg_id: int, delivery_count: int,
+                  delivered: bool = False) -> None: ...
+    def delete_entry(self, queue_id: int, seq: int) -> None: ...
+
+    # ---- reads (loop thread; committed data only)
+    def read_message(self, msg_id: int) -> bytes | None:
+        return None
+
+    def read_entries(self, queue_id: int, after_seq: int, limit: int) -> list[EntryRecord]:
+        return []
+
+    # ---- commits
+    def after_commit(self, callback: Callable[[BaseException | None], None]) -> None:
+        callback(None)
+
+    def flush(self) -> None:
+        """Block until everything queued so far is durable (shutdown, tests)."""

@@ -1,0 +1,379 @@
+"""LMDB store: one environment under the data dir, a writer thread, group commit.
+
+The loop thread queues operations without blocking; once per loop turn they are
+handed to the writer thread, which applies *everything pending* in one write
+transaction (LMDB commits are fsync'd: one fsync per batch, not per message) and
+hands the completion back with `call_soon_threadsafe`.  Within a batch, a message
+or entry that is written and removed again (a fast consumer acknowledged it before
+the commit) is never written at all.
+
+Layout (named databases):
+  meta           format version, next message id
+  exchanges      name → JSON
+  queues         name → JSON (QueueRecord)
+  seqs           queue id (u32) → last sequence number (u64): sequences never go back
+  bindings       JSON [exchange, key, queue] → JSON arguments
+  subscriptions  queue name → JSON (subscription + its registry link names)
+  messages       msg id (u64) → raw message bytes, written once for every queue
+  entries        queue id (u32) + seq (u64) → msg id (u64), delivery-count (u32), delivered (u8)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import lmdb
+
+from .base import FORMAT_VERSION, EntryRecord, QueueRecord, Snapshot, Store, StoreError, StoreFull
+
+log = logging.getLogger("amqpbroker.store")
+
+_ENTRY_KEY = struct.Struct(">IQ")
+_ENTRY_VAL = struct.Struct(">QIB")
+_U64 = struct.Struct(">Q")
+_U32 = struct.Struct(">I")
+
+# Operation codes queued by the loop thread.
+NEW_ENTRY, UPDATE_ENTRY, DELETE_ENTRY, PUT_MSG, DROP_MSG, META, CALLBACK = range(7)
+
+
+class LmdbStore(Store):
+    persistent = True
+
+    def __init__(self, path: Path, *, map_size: int = 64 << 20, max_map_size: int = 64 << 30):
+        super().__init__()
+        self.path = Path(path)
+        self.initial_map_size = map_size
+        self.max_map_size = max(max_map_size, map_size)
+        self.env: lmdb.Environment | None = None
+        self.loop: Any = None
+        self._local: list[tuple] = []          # loop thread: this turn's operations
+        self._handoff_scheduled = False
+        self._pending: list[list[tuple]] = []  # handed to the writer
+        self._cv = threading.Condition()
+        self._stop = False
+        self._writer: threading.Thread | None = None
+        self._read_lock = threading.Lock()
+        self._inflight = 0
+        self.full = False
+        # Statistics (metrics).
+        self.commits = 0
+        self.last_batch_ops = 0
+        self.commit_seconds_total = 0.0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def open(self, loop: Any) -> Snapshot:
+        self.loop = loop
+        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.env = lmdb.open(str(self.path), map_size=self.initial_map_size, max_dbs=16,
+                                 sync=True, metasync=True, readahead=False, max_readers=256)
+        except lmdb.Error as exc:
+            raise StoreError(f"cannot open store at {self.path}: {exc}") from exc
+        self._grow_to_fit()
+        d = self._dbs = {name: self.env.open_db(name.encode()) for name in
+                         ("meta", "exchanges", "queues", "seqs", "bindings", "subscriptions",
+                          "messages", "entries")}
+        with self.env.begin(write=True) as txn:
+            version = txn.get(b"format", db=d["meta"])
+            if version is None:
+                txn.put(b"format", str(FORMAT_VERSION).encode(), db=d["meta"])
+            elif version != str(FORMAT_VERSION).encode():
+                raise StoreError(
+                    f"store at {self.path} has format version {version.decode(errors='replace')}; "
+                    f"this broker reads version {FORMAT_VERSION} only")
+        snapshot = self._read_snapshot()
+        self._next_msg_id = snapshot.next_msg_id
+        self._writer = threading.Thread(target=self._write_loop, name="amqpbroker-store", daemon=True)
+        self._writer.start()
+        return snapshot
+
+    def _grow_to_fit(self) -> None:
+        """A store written with a larger map (it grew last run) opens at that size."""
+        info = self.env.info()
+        needed = (info["last_pgno"] + 1) * self.env.stat()["psize"]
+        size = info["map_size"]
+        while size < needed * 2 and size * 2 <= self.max_map_size:
+            size *= 2
+        if size != info["map_size"]:
+            self.env.set_mapsize(size)
+
+    def _read_snapshot(self) -> Snapshot:
+        d = self._dbs
+        snap = Snapshot()
+        with self.env.begin() as txn:
+            raw = txn.get(b"next_msg_id", db=d["meta"])
+            snap.next_msg_id = _U64.unpack(raw)[0] if raw else 1
+            snap.exchanges = [json.loads(v) for _, v in txn.cursor(db=d["exchanges"])]
+            seqs = {_U32.unpack(k)[0]: _U64.unpack(v)[0] for k, v in txn.cursor(db=d["seqs"])}
+            for _, v in txn.cursor(db=d["queues"]):
+                rec = QueueRecord(**json.loads(v))
+                rec.last_seq = max(rec.last_seq, seqs.get(rec.queue_id, 0))
+                snap.queues.append(rec)
+            for k, v in txn.cursor(db=d["bindings"]):
+                exchange, key, queue = json.loads(k)
+                snap.bindings.append({"exchange": exchange, "key": key, "queue": queue,
+                                      "arguments": json.loads(v)})
+            snap.subscriptions = [json.loads(v) for _, v in txn.cursor(db=d["subscriptions"])]
+        return snap
+
+    def close(self) -> None:
+        if self._writer is None:
+            return
+        self.flush()
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        self._writer.join(30)
+        self._writer = None
+        self.env.close()
+
+    # ------------------------------------------------------------------ queued writes
+
+    def _queue(self, op: tuple) -> None:
+        self._local.append(op)
+        if not self._handoff_scheduled:
+            self._handoff_scheduled = True
+            self.loop.call_soon(self._handoff)
+
+    def _handoff(self) -> None:
+        self._handoff_scheduled = False
+        ops, self._local = self._local, []
+        if not ops:
+            return
+        with self._cv:
+            self._pending.append(ops)
+            self._cv.notify()
+
+    def new_msg_id(self) -> int:
+        mid = self._next_msg_id
+        self._next_msg_id += 1
+        return mid
+
+    def save_exchange(self, name: str, kind: str) -> None:
+        self._queue((META, "put", "exchanges", name.encode(), json.dumps({"name": name, "type": kind}).encode()))
+
+    def delete_exchange(self, name: str) -> None:
+        self._queue((META, "del", "exchanges", name.encode(), None))
+
+    def save_queue(self, record: QueueRecord) -> None:
+        self._queue((META, "put", "queues", record.name.encode(), json.dumps(record.__dict__).encode()))
+
+    def delete_queue(self, queue_id: int, name: str) -> None:
+        self._queue((META, "del", "queues", name.encode(), None))
+        self._queue((META, "drop-queue-entries", "entries", _U32.pack(queue_id), None))
+
+    def save_binding(self, exchange: str, key: str, queue: str, arguments: dict) -> None:
+        self._queue((META, "put", "bindings", json.dumps([exchange, key, queue]).encode(),
+                     json.dumps(arguments).encode()))
+
+    def delete_binding(self, exchange: str, key: str, queue: str) -> None:
+        self._queue((META, "del", "bindings", json.dumps([exchange, key, queue]).encode(), None))
+
+    def save_subscription(self, queue: str, record: dict) -> None:
+        self._queue((META, "put", "subscriptions", queue.encode(), json.dumps(record).encode()))
+
+    def delete_subscription(self, queue: str) -> None:
+        self._queue((META, "del", "subscriptions", queue.encode(), None))
+
+    def put_message(self, msg_id: int, raw: bytes) -> None:
+        self._queue((PUT_MSG, msg_id, raw))
+
+    def drop_message(self, msg_id: int) -> None:
+        self._queue((DROP_MSG, msg_id))
+
+    def put_entry(self, queue_id: int, seq: int, msg_id: int, delivery_count: int,
+                  delivered: bool = False) -> None:
+        self._queue((NEW_ENTRY, _ENTRY_KEY.pack(queue_id, seq),
+                     _ENTRY_VAL.pack(msg_id, delivery_count, delivered), queue_id, seq))
+
+    def update_entry(self, queue_id: int, seq: int, msg_id: int, delivery_count: int,
+                     delivered: bool) -> None:
+        self._queue((UPDATE_ENTRY, _ENTRY_KEY.pack(queue_id, seq),
+                     _ENTRY_VAL.pack(msg_id, delivery_count, delivered)))
+
+    def delete_entry(self, queue_id: int, seq: int) -> None:
+        self._queue((DELETE_ENTRY, _ENTRY_KEY.pack(queue_id, seq)))
+
+    def after_commit(self, callback: Callable[[BaseException | None], None]) -> None:
+        self._queue((CALLBACK, callback))
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Block (loop thread) until everything queued so far is committed."""
+        if self._writer is None:
+            return
+        done = threading.Event()
+        self._local.append((CALLBACK, lambda err: done.set(), True))
+        self._handoff()
+        if not done.wait(timeout):
+            raise StoreError("store flush timed out")
+
+    # ------------------------------------------------------------------ reads
+
+    def read_message(self, msg_id: int) -> bytes | None:
+        with self._read_lock, self.env.begin() as txn:
+            return txn.get(_U64.pack(msg_id), db=self._dbs["messages"])
+
+    def read_entries(self, queue_id: int, after_seq: int, limit: int) -> list[EntryRecord]:
+        out: list[EntryRecord] = []
+        prefix = _U32.pack(queue_id)
+        with self._read_lock, self.env.begin() as txn:
+            cur = txn.cursor(db=self._dbs["entries"])
+            if not cur.set_range(_ENTRY_KEY.pack(queue_id, after_seq + 1)):
+                return out
+            for key, val in cur:
+                if key[:4] != prefix or len(out) >= limit:
+                    break
+                _, seq = _ENTRY_KEY.unpack(key)
+                msg_id, count, delivered = _ENTRY_VAL.unpack(val)
+                out.append(EntryRecord(seq, msg_id, count, bool(delivered)))
+        return out
+
+    def count_entries(self, queue_id: int) -> int:
+        n = 0
+        prefix = _U32.pack(queue_id)
+        with self._read_lock, self.env.begin() as txn:
+            cur = txn.cursor(db=self._dbs["entries"])
+            if cur.set_range(prefix):
+                for key in cur.iternext(values=False):
+                    if key[:4] != prefix:
+                        break
+                    n += 1
+        return n
+
+    # ------------------------------------------------------------------ writer thread
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._pending and not self._stop:
+                    self._cv.wait()
+                if not self._pending and self._stop:
+                    return
+                batches, self._pending = self._pending, []
+            ops = [op for batch in batches for op in batch]
+            callbacks = [op[1] for op in ops if op[0] == CALLBACK and len(op) == 2]
+            # flush() waiters block the loop thread: wake them from here.
+            direct = [op[1] for op in ops if op[0] == CALLBACK and len(op) == 3]
+            error: BaseException | None = None
+            started = time.perf_counter()
+            try:
+                self._commit(ops)
+            except BaseException as exc:  # handed to the callbacks: producers are told
+                error = exc
+                log.error("store commit of %d operation(s) failed: %s", len(ops), exc)
+            self.commits += 1
+            self.last_batch_ops = len(ops)
+            self.commit_seconds_total += time.perf_counter() - started
+            if callbacks:
+                self.loop.call_soon_threadsafe(_run_callbacks, callbacks, error)
+            _run_callbacks(direct, error)
+
+    def _commit(self, ops: list[tuple]) -> None:
+        plan = _Plan(ops)
+        while True:
+            try:
+                with self.env.begin(write=True) as txn:
+                    plan.apply(txn, self._dbs)
+                if self.full:
+                    self.full = self._usage() > 0.9
+                return
+            except lmdb.MapFullError:
+                size = self.env.info()["map_size"]
+                if size * 2 > self.max_map_size:
+                    self.full = True
+                    raise StoreFull(f"store map reached its maximum of {self.max_map_size} bytes")
+                with self._read_lock:
+                    self.env.set_mapsize(size * 2)
+                log.info("store map grown to %d bytes", size * 2)
+            except lmdb.DiskError as exc:
+                self.full = True
+                raise StoreFull(f"disk full: {exc}") from exc
+
+    def _usage(self) -> float:
+        info = self.env.info()
+        return (info["last_pgno"] + 1) * self.env.stat()["psize"] / info["map_size"]
+
+
+def _run_callbacks(callbacks: list, error: BaseException | None) -> None:
+    for cb in callbacks:
+        try:
+            cb(error)
+        except Exception:  # one bad callback must not starve the others
+            log.exception("store callback failed")
+
+
+class _Plan:
+    """A batch of operations coalesced: entries and messages written and removed in
+    the same batch cancel out; everything else applies in order."""
+
+    def __init__(self, ops: list[tuple]):
+        self.entry_puts: dict[bytes, bytes] = {}
+        self.entry_new: set[bytes] = set()
+        self.entry_dels: set[bytes] = set()
+        self.msg_puts: dict[int, bytes] = {}
+        self.msg_dels: set[int] = set()
+        self.meta: list[tuple] = []
+        self.last_seq: dict[int, int] = {}
+        self.max_msg_id = 0
+        for op in ops:
+            code = op[0]
+            if code == NEW_ENTRY:
+                _, key, val, qid, seq = op
+                self.entry_puts[key] = val
+                self.entry_new.add(key)
+                if seq > self.last_seq.get(qid, 0):
+                    self.last_seq[qid] = seq
+            elif code == UPDATE_ENTRY:
+                if op[1] not in self.entry_dels:
+                    self.entry_puts[op[1]] = op[2]
+            elif code == DELETE_ENTRY:
+                key = op[1]
+                self.entry_puts.pop(key, None)
+                if key in self.entry_new:
+                    self.entry_new.discard(key)
+                else:
+                    self.entry_dels.add(key)
+            elif code == PUT_MSG:
+                self.msg_puts[op[1]] = op[2]
+                if op[1] > self.max_msg_id:
+                    self.max_msg_id = op[1]
+            elif code == DROP_MSG:
+                if self.msg_puts.pop(op[1], None) is None:
+                    self.msg_dels.add(op[1])
+            elif code == META:
+                self.meta.append(op)
+
+    def apply(self, txn: lmdb.Transaction, dbs: dict) -> None:
+        for _, action, db, key, val in self.meta:
+            if action == "put":
+                txn.put(key, val, db=dbs[db])
+            elif action == "del":
+                txn.delete(key, db=dbs[db])
+            elif action == "drop-queue-entries":
+                cur = txn.cursor(db=dbs["entries"])
+                if cur.set_range(key):
+                    while cur.key()[:4] == key and cur.delete():
+                        pass
+                    for k in [k for k in self.entry_puts if k[:4] == key]:
+                        del self.entry_puts[k]
+        entries, messages = dbs["entries"], dbs["messages"]
+        for key in self.entry_dels:
+            txn.delete(key, db=entries)
+        for key, val in self.entry_puts.items():
+            txn.put(key, val, db=entries)
+        for mid in self.msg_dels:
+            txn.delete(_U64.pack(mid), db=messages)
+        for mid, raw in self.msg_puts.items():
+            txn.put(_U64.pack(mid), raw, db=messages)
+        for qid, seq in self.last_seq.items():
+            txn.put(_U32.pack(qid), _U64.pack(seq), db=dbs["seqs"])
+        if self.max_msg_id:
+            txn.put(b"next_msg_id", _U64.pack(self.max_msg_id + 1), db=dbs["meta"])
