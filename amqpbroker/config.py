@@ -64,6 +64,9 @@ class StoreConfig(BaseModel):
     enabled: bool = True                                      # false: nothing survives a restart
     initial_map_size: int = Field(64 << 20, ge=1 << 20)       # bytes; the map doubles as needed
     max_map_size: int = Field(64 << 30, ge=1 << 20)           # bytes; beyond: resource-limit-exceeded
+    # Per durable queue: message bodies kept in memory beyond this many bytes are
+    # dropped once stored and read back from the store on dispatch (0: no limit).
+    queue_memory_budget: int = Field(16 << 20, ge=0)
 
 
 class ExchangeDecl(BaseModel):

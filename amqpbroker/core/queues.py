@@ -60,23 +60,40 @@ class ConsumerPort(Protocol):
 
 
 class Entry:
-    """A message's place in one queue."""
+    """A message's place in one queue.  `msg` is None while the entry is paged out
+    (bounded memory: only this index stays in memory; the body is in the store)."""
 
     __slots__ = ("msg", "seq", "priority", "delivery_count", "expires_at", "deliver_at",
-                 "consumer", "excluded", "group", "store_ref")
+                 "consumer", "excluded", "group", "store_ref", "size")
 
-    def __init__(self, msg: Message, seq: int):
+    def __init__(self, msg: Message | None, seq: int):
         self.msg = msg
         self.seq = seq
+        self.consumer: ConsumerPort | None = None   # who holds it while acquired
+        self.excluded: set[int] | None = None        # consumers it is undeliverable-here for
+        self.store_ref: Any = None                   # the store's message id for durable entries
+        if msg is None:
+            return
         p = msg.priority
         self.priority = 0 if p < 0 else (PRIORITY_LEVELS - 1 if p >= PRIORITY_LEVELS else p)
         self.delivery_count = msg.delivery_count
         self.expires_at = msg.expiry_time()
         self.deliver_at = msg.delivery_time()
-        self.consumer: ConsumerPort | None = None   # who holds it while acquired
-        self.excluded: set[int] | None = None        # consumers it is undeliverable-here for
         self.group: str | None = msg.group_id()
-        self.store_ref: Any = None                   # the store's handle for durable entries
+        self.size = msg.size
+
+    @classmethod
+    def paged(cls, seq: int, store_ref: Any, *, size: int, priority: int, delivery_count: int,
+              expires_at: float | None, deliver_at: float | None, group: str | None) -> "Entry":
+        entry = cls(None, seq)
+        entry.store_ref = store_ref
+        entry.size = size
+        entry.priority = priority
+        entry.delivery_count = delivery_count
+        entry.expires_at = expires_at
+        entry.deliver_at = deliver_at
+        entry.group = group
+        return entry
 
     def payload(self) -> bytes:
         return self.msg.encoded(self.delivery_count)
@@ -177,6 +194,12 @@ class Queue:
         self.created_at = clock()
         self.last_delivered_at: float | None = None
         self.last_consumer_at: float | None = None
+        # Bounded memory: beyond `memory_budget` bytes of loaded bodies, durable
+        # entries drop their body once stored and `loader` reads it back on dispatch.
+        self.memory_budget = 0
+        self.mem_bytes = 0
+        self.loader: Callable[[Entry], Message] | None = None
+        self.on_page_out: Callable[[Entry], None] | None = None
         # Durability hooks, set by the store layer on durable queues.
         self.store_id: int | None = None
         self.on_enqueue: Callable[[Entry], None] | None = None
@@ -207,9 +230,13 @@ class Queue:
     def enqueue(self, msg: Message, seq: int | None = None) -> Entry:
         entry = Entry(msg, self.next_seq() if seq is None else seq)
         self.bytes += msg.size
+        self.mem_bytes += msg.size
         self.enqueued_total += 1
         if self.on_enqueue is not None:
             self.on_enqueue(entry)
+            if (self.memory_budget and self.mem_bytes > self.memory_budget
+                    and entry.store_ref is not None and self.on_page_out is not None):
+                self.on_page_out(entry)
         if entry.deliver_at is not None and entry.deliver_at > self.clock():
             heapq.heappush(self._delayed, (entry.deliver_at, entry.seq, entry))
         else:
@@ -219,7 +246,9 @@ class Queue:
 
     def restore(self, entry: Entry) -> None:
         """Put back an entry rebuilt by the store at start-up (no store hook)."""
-        self.bytes += entry.msg.size
+        self.bytes += entry.size
+        if entry.msg is not None:
+            self.mem_bytes += entry.size
         if entry.deliver_at is not None and entry.deliver_at > self.clock():
             heapq.heappush(self._delayed, (entry.deliver_at, entry.seq, entry))
         else:
@@ -319,7 +348,11 @@ class Queue:
                 continue
             if entry.excluded is not None and consumer.consumer_id in entry.excluded:
                 continue
-            if self._group_elsewhere(entry, consumer) or not consumer.accepts(entry):
+            if self._group_elsewhere(entry, consumer):
+                continue
+            if entry.msg is None:
+                self._load(entry)
+            if not consumer.accepts(entry):
                 continue
             self._ready.remove(entry)
             return entry
@@ -334,7 +367,20 @@ class Queue:
         owner = self._groups.get(group)
         return owner is not None and owner is not consumer
 
+    def page_out(self, entry: Entry) -> None:
+        """Drop a stored entry's body from memory if it is still waiting."""
+        if entry.msg is not None and entry.consumer is None and entry.store_ref is not None:
+            entry.msg = None
+            self.mem_bytes -= entry.size
+
+    def _load(self, entry: Entry) -> None:
+        if entry.msg is None:
+            entry.msg = self.loader(entry)
+            self.mem_bytes += entry.size
+
     def _hand_over(self, entry: Entry, consumer: ConsumerPort) -> None:
+        if entry.msg is None:
+            self._load(entry)
         entry.consumer = consumer
         if entry.group is not None:
             self._groups.setdefault(entry.group, consumer)
@@ -396,7 +442,9 @@ class Queue:
         self._drop(entry)
 
     def _drop(self, entry: Entry) -> None:
-        self.bytes -= entry.msg.size
+        self.bytes -= entry.size
+        if entry.msg is not None:
+            self.mem_bytes -= entry.size
         if self.on_remove is not None:
             self.on_remove(entry)
 

@@ -70,7 +70,8 @@ class BrokerServer:
         self.store: Store = (LmdbStore(settings.data_dir / "store", map_size=st.initial_map_size,
                                        max_map_size=st.max_map_size)
                              if st.enabled else Store())
-        self.durability = DurabilityManager(self.broker, self.subscriptions, self.store)
+        self.durability = DurabilityManager(self.broker, self.subscriptions, self.store,
+                                            memory_budget=st.queue_memory_budget)
         self.users = UserStore({name: u.password for name, u in settings.users.items()})
         self.listeners: list[Listener] = []
         self.protocols: set[AmqpProtocol] = set()

@@ -98,7 +98,11 @@ class ConsumerAttacher:
         if decision.decision is Decision.ATTACH_EXISTING and source is None:
             selector = _compile_quiet(sub.binding.selector)
         no_local = sub.binding.no_local
-        consumer = self._open(link, decision.reply_source, queue, selector, no_local, False)
+        # A durable subscription exists for the client once the attach reply arrives:
+        # send the reply only after its records are on disk.
+        durable = sub.durable and self.server.store.persistent
+        consumer = self._open(link, decision.reply_source, queue, selector, no_local, False,
+                              defer=durable)
         consumer.subscription = sub
         return consumer
 
@@ -117,17 +121,35 @@ class ConsumerAttacher:
     # ------------------------------------------------------------------ reply
 
     def _open(self, link: Link, reply: SourceTerms, queue: Queue, selector: Any, no_local: bool,
-              browser: bool) -> LinkConsumer:
+              browser: bool, defer: bool = False) -> LinkConsumer:
         write_source(link.source, reply)
         link.target.copy(link.remote_target)
         link.snd_settle_mode = link.remote_snd_settle_mode
         link.rcv_settle_mode = link.remote_rcv_settle_mode
-        link.open()
         consumer = LinkConsumer(self.handler, link, queue, selector=selector, no_local=no_local,
                                 browser=browser)
         self.handler.consumers.append(consumer)
+        if not defer:
+            link.open()
+            queue.add_consumer(consumer)
+            return consumer
+        # Counted as a consumer at once (the decision table sees it), silent until then.
+        consumer.ready = False
         queue.add_consumer(consumer)
+        self.server.store.after_commit(lambda err: self._opened(consumer, err))
         return consumer
+
+    def _opened(self, consumer: LinkConsumer, error: BaseException | None) -> None:
+        if consumer.closed or self.handler.ended:
+            return
+        if error is not None:
+            self.handler.refuse_after(consumer.link, "amqp:resource-limit-exceeded",
+                                      f"subscription could not be stored: {error}")
+            return
+        consumer.link.open()
+        consumer.ready = True
+        consumer.queue.dispatch()
+        self.handler.protocol.mark_dirty()
 
 
 def _sel(source: SourceTerms):

@@ -239,10 +239,30 @@ class ConnectionHandler:
             return
         if answer is not None:
             link.condition = answer
+        sub = getattr(endpoint, "subscription", None)
+        if closed and sub is not None and sub.durable and self.server.store.persistent:
+            # Unsubscribe: reply once the deletion is on disk.
+            self.server.store.after_commit(lambda err: self._answer_detach(link, closed))
+            return
+        self._answer_detach(link, closed)
+
+    def _answer_detach(self, link: Link, closed: bool) -> None:
+        if self.ended:
+            return
         if closed:
             link.close()
         else:
             detach_with_condition(link)
+        self.protocol.mark_dirty()
+
+    def refuse_after(self, link: Link, condition: str, description: str) -> None:
+        """Refuse a link whose attach reply was held back (a failed durable commit)."""
+        endpoint = self.endpoints.pop(id_of(link), None)
+        if endpoint is not None:
+            self.links -= 1
+            self._release(endpoint, closed=False)
+        self.refuse(link, condition, description)
+        self.protocol.mark_dirty()
 
     def link_ended(self, link: Link) -> None:
         """We closed a link ourselves (e.g. message too large)."""

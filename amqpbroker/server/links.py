@@ -49,12 +49,13 @@ class LinkConsumer:
         self.unsettled: dict[str, Entry] = {}
         self._tags = itertools.count(1)
         self.closed = False
+        self.ready = True              # False until the attach reply is sent (durable commit)
         self.subscription: Any = None  # set by the subscription layer
 
     # --- ConsumerPort
 
     def credit(self) -> int:
-        if self.closed or self.handler.protocol.write_paused:
+        if self.closed or not self.ready or self.handler.protocol.write_paused:
             return 0
         return self.link.credit
 
@@ -62,7 +63,13 @@ class LinkConsumer:
         if self.no_local and entry.msg.publisher == self.handler.connection_key:
             return False
         if self.selector is not None:
-            return self.selector.matches(selector_lookup(entry.msg, entry.delivery_count))
+            try:
+                return self.selector.matches(selector_lookup(entry.msg, entry.delivery_count))
+            except MalformedMessage:
+                # Sections are decoded lazily: a bad application-properties section
+                # shows up only here.  It matches no selector; raising would abort
+                # dispatch (and the event handler) on every later attempt.
+                return False
         return True
 
     def deliver(self, entry: Entry) -> None:

@@ -35,10 +35,17 @@ class QueueRecord:
 
 @dataclass
 class EntryRecord:
+    """A queue entry as stored: enough to order, expire and group it without
+    reading the message body (bounded memory keeps only this in memory)."""
     seq: int
     msg_id: int
     delivery_count: int
-    delivered: bool
+    delivered: bool = False
+    priority: int = 4
+    size: int = 0
+    expires_at: float | None = None
+    deliver_at: float | None = None
+    group: str | None = None
 
 
 @dataclass
@@ -86,8 +93,8 @@ class Store:
     # ---- messages and entries
     def put_message(self, msg_id: int, raw: bytes) -> None: ...
     def drop_message(self, msg_id: int) -> None: ...
-    def put_entry(self, queue_id: int, seq: int, msg_id: int, delivery_count: int,
-                  delivered: bool = False) -> None: ...
+    def put_entry(self, queue_id: int, record: EntryRecord) -> None: ...
+    def update_entry(self, queue_id: int, record: EntryRecord) -> None: ...
     def delete_entry(self, queue_id: int, seq: int) -> None: ...
 
     # ---- reads (loop thread; committed data only)

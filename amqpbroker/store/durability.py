@@ -20,16 +20,20 @@ from ..core.queues import Entry, ExclusivityPolicy, LifetimePolicy, Queue
 from ..core.registry import SubscriptionRegistry
 from ..core.subscriptions import BindingSpec, Subscription, SubscriptionKey
 from ..core.terms import Durability, ExpiryPolicy, Filter, SourceTerms
-from .base import QueueRecord, Snapshot, Store
+from .base import EntryRecord, QueueRecord, Snapshot, Store
 
 log = logging.getLogger("amqpbroker.store")
 
 
 class DurabilityManager:
-    def __init__(self, broker: Broker, registry: SubscriptionRegistry, store: Store):
+    def __init__(self, broker: Broker, registry: SubscriptionRegistry, store: Store,
+                 memory_budget: int = 0):
         self.broker = broker
         self.registry = registry
         self.store = store
+        self.memory_budget = memory_budget if store.persistent else 0
+        # Stored messages referred to by more than one entry (fan-out); absent = one.
+        self.refs: dict[int, int] = {}
         self._queue_ids = itertools.count(1)
         self.recovered_messages = 0
         self.redelivered = 0
@@ -54,6 +58,10 @@ class DurabilityManager:
         queue.on_remove = lambda e, q=queue: self._entry_removed(q, e)
         queue.on_deliver = lambda e, q=queue: self._entry_update(q, e, True)
         queue.on_return = lambda e, q=queue: self._entry_update(q, e, False)
+        queue.memory_budget = self.memory_budget
+        queue.loader = self._load_body
+        queue.on_page_out = lambda e, q=queue: self.store.after_commit(
+            lambda err: None if err else q.page_out(e))
 
     def _record(self, queue: Queue) -> QueueRecord:
         return QueueRecord(queue.name, queue.store_id, queue.exclusivity.value, queue.lifetime.value,
@@ -87,26 +95,39 @@ class DurabilityManager:
         if msg.store_id is None:
             msg.store_id = store.new_msg_id()
             store.put_message(msg.store_id, msg.raw)
-        msg.store_refs += 1
+        else:  # the same message in another durable queue: one body, one more reference
+            self.refs[msg.store_id] = self.refs.get(msg.store_id, 1) + 1
         entry.store_ref = msg.store_id
-        store.put_entry(queue.store_id, entry.seq, msg.store_id, entry.delivery_count)
+        store.put_entry(queue.store_id, _record(entry, False))
 
     def _entry_removed(self, queue: Queue, entry: Entry) -> None:
-        if entry.store_ref is None:
+        mid = entry.store_ref
+        if mid is None:
             return
-        store = self.store
-        store.delete_entry(queue.store_id, entry.seq)
         entry.store_ref = None
-        msg = entry.msg
-        msg.store_refs -= 1
-        if msg.store_refs <= 0 and msg.store_id is not None:
-            store.drop_message(msg.store_id)
-            msg.store_id = None
+        self.store.delete_entry(queue.store_id, entry.seq)
+        left = self.refs.get(mid)
+        if left is None:
+            self.store.drop_message(mid)
+            if entry.msg is not None and entry.msg.store_id == mid:
+                entry.msg.store_id = None
+        elif left <= 2:
+            del self.refs[mid]
+        else:
+            self.refs[mid] = left - 1
 
     def _entry_update(self, queue: Queue, entry: Entry, delivered: bool) -> None:
         """Delivered-but-unsettled entries come back after a crash with
         delivery-count+1 (AMQP 1.0 §3.2.1: the delivery may have been processed)."""
-        self.store.update_entry(queue.store_id, entry.seq, entry.store_ref, entry.delivery_count, delivered)
+        self.store.update_entry(queue.store_id, _record(entry, delivered))
+
+    def _load_body(self, entry: Entry) -> Message:
+        raw = self.store.read_message(entry.store_ref)
+        if raw is None:
+            raise RuntimeError(f"stored message {entry.store_ref} is missing")
+        msg = Message(bytes(raw))
+        msg.store_id = entry.store_ref
+        return msg
 
     # ------------------------------------------------------------------ recovery
 
@@ -138,43 +159,64 @@ class DurabilityManager:
             sub = subscription_from_json(rec)
             if sub.queue_name in b.queues:
                 self.registry.restore(sub)
+        self._seen: set[int] = set()
         for queue in by_id.values():
+            self._queue_declared(queue)  # budget and loader before loading
             self._load_entries(queue)
+        del self._seen
         log.info("store recovered %d queue(s), %d message entr%s (%d redelivered) in %.2f s",
                  len(by_id), self.recovered_messages, "y" if self.recovered_messages == 1 else "ies",
                  self.redelivered, time.monotonic() - started)
 
     def _load_entries(self, queue: Queue, batch: int = 10_000) -> None:
+        """Rebuild a queue's entries in sequence order; bodies are read only while the
+        queue is under its memory budget, the rest stay paged (index only)."""
         cache: dict[int, Message] = {}
         after = 0
         store = self.store
+        refs = self.refs
+        budget = queue.memory_budget
         while True:
             records = store.read_entries(queue.store_id, after, batch)
             if not records:
                 return
             for rec in records:
                 after = rec.seq
-                msg = cache.get(rec.msg_id)
-                if msg is None:
-                    raw = store.read_message(rec.msg_id)
-                    if raw is None:
-                        log.error("queue %s: entry %d refers to missing message %d; skipped",
-                                  queue.name, rec.seq, rec.msg_id)
-                        store.delete_entry(queue.store_id, rec.seq)
-                        continue
-                    msg = Message(bytes(raw))
-                    msg.store_id = rec.msg_id
-                    cache[rec.msg_id] = msg
-                entry = Entry(msg, rec.seq)
-                entry.delivery_count = rec.delivery_count
+                mid = rec.msg_id
                 if rec.delivered:
-                    entry.delivery_count += 1
+                    rec.delivery_count += 1
+                    rec.delivered = False
                     self.redelivered += 1
-                    store.update_entry(queue.store_id, rec.seq, rec.msg_id, entry.delivery_count, False)
-                entry.store_ref = rec.msg_id
-                msg.store_refs += 1
+                    store.update_entry(queue.store_id, rec)
+                if mid in self._seen:
+                    refs[mid] = refs.get(mid, 1) + 1
+                else:
+                    self._seen.add(mid)
+                if budget and queue.mem_bytes + rec.size > budget:
+                    entry = Entry.paged(rec.seq, mid, size=rec.size, priority=rec.priority,
+                                        delivery_count=rec.delivery_count, expires_at=rec.expires_at,
+                                        deliver_at=rec.deliver_at, group=rec.group)
+                else:
+                    msg = cache.get(mid)
+                    if msg is None:
+                        raw = store.read_message(mid)
+                        if raw is None:
+                            log.error("queue %s: entry %d refers to missing message %d; skipped",
+                                      queue.name, rec.seq, mid)
+                            store.delete_entry(queue.store_id, rec.seq)
+                            continue
+                        msg = cache[mid] = Message(bytes(raw))
+                        msg.store_id = mid
+                    entry = Entry(msg, rec.seq)
+                    entry.delivery_count = rec.delivery_count
+                    entry.store_ref = mid
                 queue.restore(entry)
                 self.recovered_messages += 1
+
+
+def _record(entry: Entry, delivered: bool) -> EntryRecord:
+    return EntryRecord(entry.seq, entry.store_ref, entry.delivery_count, delivered, entry.priority,
+                       entry.size, entry.expires_at, entry.deliver_at, entry.group)
 
 
 # ---------------------------------------------------------------------- JSON forms

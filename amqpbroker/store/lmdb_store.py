@@ -35,7 +35,9 @@ from .base import FORMAT_VERSION, EntryRecord, QueueRecord, Snapshot, Store, Sto
 log = logging.getLogger("amqpbroker.store")
 
 _ENTRY_KEY = struct.Struct(">IQ")
-_ENTRY_VAL = struct.Struct(">QIB")
+_ENTRY_VAL = struct.Struct(">QIBBIdd")   # msg id, delivery-count, delivered, priority, size,
+                                          # expires-at, deliver-at (NaN: none); then group (utf-8)
+_NAN = float("nan")
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
 
@@ -189,15 +191,12 @@ class LmdbStore(Store):
     def drop_message(self, msg_id: int) -> None:
         self._queue((DROP_MSG, msg_id))
 
-    def put_entry(self, queue_id: int, seq: int, msg_id: int, delivery_count: int,
-                  delivered: bool = False) -> None:
-        self._queue((NEW_ENTRY, _ENTRY_KEY.pack(queue_id, seq),
-                     _ENTRY_VAL.pack(msg_id, delivery_count, delivered), queue_id, seq))
+    def put_entry(self, queue_id: int, record: EntryRecord) -> None:
+        self._queue((NEW_ENTRY, _ENTRY_KEY.pack(queue_id, record.seq), _encode_entry(record),
+                     queue_id, record.seq))
 
-    def update_entry(self, queue_id: int, seq: int, msg_id: int, delivery_count: int,
-                     delivered: bool) -> None:
-        self._queue((UPDATE_ENTRY, _ENTRY_KEY.pack(queue_id, seq),
-                     _ENTRY_VAL.pack(msg_id, delivery_count, delivered)))
+    def update_entry(self, queue_id: int, record: EntryRecord) -> None:
+        self._queue((UPDATE_ENTRY, _ENTRY_KEY.pack(queue_id, record.seq), _encode_entry(record)))
 
     def delete_entry(self, queue_id: int, seq: int) -> None:
         self._queue((DELETE_ENTRY, _ENTRY_KEY.pack(queue_id, seq)))
@@ -231,9 +230,7 @@ class LmdbStore(Store):
             for key, val in cur:
                 if key[:4] != prefix or len(out) >= limit:
                     break
-                _, seq = _ENTRY_KEY.unpack(key)
-                msg_id, count, delivered = _ENTRY_VAL.unpack(val)
-                out.append(EntryRecord(seq, msg_id, count, bool(delivered)))
+                out.append(_decode_entry(_ENTRY_KEY.unpack(key)[1], val))
         return out
 
     def count_entries(self, queue_id: int) -> int:
@@ -300,6 +297,21 @@ class LmdbStore(Store):
     def _usage(self) -> float:
         info = self.env.info()
         return (info["last_pgno"] + 1) * self.env.stat()["psize"] / info["map_size"]
+
+
+def _encode_entry(r: EntryRecord) -> bytes:
+    head = _ENTRY_VAL.pack(r.msg_id, r.delivery_count, r.delivered, r.priority, r.size,
+                           _NAN if r.expires_at is None else r.expires_at,
+                           _NAN if r.deliver_at is None else r.deliver_at)
+    return head if r.group is None else head + r.group.encode()
+
+
+def _decode_entry(seq: int, val: bytes) -> EntryRecord:
+    msg_id, count, delivered, priority, size, expires, deliver = _ENTRY_VAL.unpack_from(val)
+    group = val[_ENTRY_VAL.size:]
+    return EntryRecord(seq, msg_id, count, bool(delivered), priority, size,
+                       None if expires != expires else expires, None if deliver != deliver else deliver,
+                       bytes(group).decode() if group else None)
 
 
 def _run_callbacks(callbacks: list, error: BaseException | None) -> None:

@@ -1,12 +1,14 @@
 """Shared helpers for the addressing / delivery / outcome end-to-end tests.
 
 Everything here drives a real broker over AMQP with python-qpid-proton's
-BlockingConnection; waits are on protocol events (with timeouts), never sleeps.
+BlockingConnection; waits are on protocol events (with timeouts); the only sleep is
+`let_time_pass`, for tests where elapsed time is the feature (TTL, expiry).
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 from typing import Any, Iterator
 
@@ -156,11 +158,18 @@ def expect_refused(fn: Any, *args: Any, **kw: Any) -> LinkDetached:
     raise AssertionError(f"link was not refused: {link.link.name}")
 
 
+def let_time_pass(seconds: float) -> None:
+    """Wait for wall-clock time to pass when time itself is the feature under test
+    (TTL, absolute expiry).  Never used to wait for the broker to do something."""
+    if seconds > 0:
+        time.sleep(seconds)
+
+
 def annotated(body: Any, annotations: dict, **kw: Any) -> Message:
     return Message(body=body, annotations={symbol(k): v for k, v in annotations.items()}, **kw)
 
 
 __all__ = ["QUIET", "WAIT", "uid", "word", "connection", "TargetOptions", "receiver", "sender", "barrier", "send",
            "send_bodies", "fetch", "fetch_body", "nothing_arrives", "drain_bodies", "settle",
-           "wait_settled", "expect_refused", "annotated", "Terminus", "Delivery", "Message",
+           "wait_settled", "expect_refused", "let_time_pass", "annotated", "Terminus", "Delivery", "Message",
            "Timeout", "LinkDetached"]
