@@ -50,6 +50,7 @@ class LimitsConfig(BaseModel):
     max_frame_size: int = Field(65_536, ge=512)              # AMQP 1.0 §2.7.1 minimum is 512
     max_message_size: int = Field(100 * 1024 * 1024, ge=1024)
     idle_timeout: float = Field(60.0, ge=0)                  # seconds; 0 disables
+    sasl_timeout: float = Field(30.0, gt=0)                  # seconds to finish the SASL handshake
     link_credit: int = Field(1000, ge=1)                     # credit granted to producers
 
 

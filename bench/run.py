@@ -478,7 +478,8 @@ def run_loadgen(broker: Broker, scenario: str, rep: int, args: argparse.Namespac
         result.setdefault("error", f"no loadgen result (rc={proc.returncode}): {(err or '').strip()[-300:]}")
     if "seconds" in result and result.get("loadgen_wall_s"):
         result["loadgen_cpu_pct"] = 100.0 * result["loadgen_cpu_s"] / result["loadgen_wall_s"]
-        result["broker_cpu_pct"] = 100.0 * result["broker_cpu_s"] / result["loadgen_wall_s"]
+        # broker CPU was sampled around the whole loadgen process
+        result["broker_cpu_pct"] = 100.0 * result["broker_cpu_s"] / wall
     if scenario == "competing" and result.get("per_receiver"):
         counts = result["per_receiver"]
         even = sum(counts) / len(counts)
@@ -679,6 +680,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def repo_revision() -> str | None:
+    """HEAD commit of the repository, read from .git (no git command)."""
+    git = REPO / ".git"
+    try:
+        head = (git / "HEAD").read_text().strip()
+        if not head.startswith("ref: "):
+            return head
+        ref = head[5:]
+        if (git / ref).exists():
+            return (git / ref).read_text().strip()
+        packed = git / "packed-refs"
+        if packed.exists():
+            for line in packed.read_text().splitlines():
+                if line.endswith(" " + ref):
+                    return line.split()[0]
+    except OSError:
+        pass
+    return None
+
+
 def _sigterm(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -795,6 +816,7 @@ def main(argv=None) -> int:
                      "python": sys.version.split()[0]},
             "args": {k: v for k, v in vars(args).items() if k not in ("broker_list", "scenario_list")},
             "brokers": {b.name: b.describe() for b in brokers},
+            "repo_head": repo_revision(),  # the working tree may differ from it
             "failed": failed,
             "died": died,
             "runs": runs,

@@ -113,6 +113,11 @@ class SubscriptionRegistry:
         queue = self.broker.queues.get(sub.queue_name)
         others = len(queue.consumers) if queue else 0
         action = decide_detach(closed, sub.durable, sub.lifetime, others)
+        if sub.key is None and not others:
+            # A private subscription (random queue name, exclusivity link): no attach can
+            # ever reach its queue again, so keeping it until the session/connection ends
+            # (session-end is proton's default expiry policy) would only pile up copies.
+            action = DetachAction.DELETE
         if sub.key is not None and (closed or not keeps_registry_link(link_name)):
             if action is not DetachAction.REFUSE_LOCKED:
                 self.links.pop((sub.key.namespace, link_name), None)

@@ -103,7 +103,8 @@ class BrokerServer:
     def _sasl_policy(self, host: str, allow_anon: bool | None) -> SaslPolicy:
         anonymous = anonymous_allowed(allow_anon, host)
         mechs = tuple(m for m in ALL_MECHANISMS if m != "ANONYMOUS" or anonymous)
-        return SaslPolicy(mechanisms=mechs, allow_no_sasl=anonymous)
+        return SaslPolicy(mechanisms=mechs, allow_no_sasl=anonymous,
+                          handshake_timeout=self.settings.limits.sasl_timeout)
 
     async def start(self) -> None:
         s = self.settings
@@ -227,7 +228,9 @@ class BrokerServer:
                 lst.server.close()
         for proto in list(self.protocols):
             h = proto.handler
-            if h is not None and h.opened and not h.ended:
+            if h is None:  # still in SASL: nothing to close politely
+                proto.abort()
+            elif h.opened and not h.ended:
                 h.conn.condition = Condition("amqp:connection:forced", "broker shutting down")
                 h.conn.close()
                 proto.mark_dirty()

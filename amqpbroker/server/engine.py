@@ -39,6 +39,7 @@ class AmqpProtocol(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._dirty = False
+        self._hs_timer: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------------ socket events
 
@@ -46,8 +47,26 @@ class AmqpProtocol(asyncio.Protocol):
         self.sock = sock  # type: ignore[assignment]
         peer = sock.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        self.handshake = Handshake(self.listener.sasl_policy, self.server.users)
+        self.handshake = Handshake(self.listener.sasl_policy, self.server.users, clock=self.loop.time)
         self.server.protocols.add(self)
+        timeout = self.listener.sasl_policy.handshake_timeout
+        self._hs_timer = self.loop.call_later(timeout, self._handshake_timeout) if timeout else None
+
+    def _handshake_timeout(self) -> None:
+        """A socket that never finishes SASL must not hold a slot forever."""
+        hs = self.handshake
+        self._hs_timer = None
+        if hs is None or self.closed:
+            return
+        if not hs.check_timeout():  # fired a little early: try again at the deadline
+            self._hs_timer = self.loop.call_at(hs.deadline + 0.01, self._handshake_timeout)
+            return
+        out = hs.data_to_send()
+        if out:
+            self.sock.write(out)
+        log.warning("connection from %s closed: %s", self.peer, hs.error)
+        self.closed = True
+        self.sock.close()
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
@@ -61,6 +80,8 @@ class AmqpProtocol(asyncio.Protocol):
         self.server.protocols.discard(self)
         if self._timer is not None:
             self._timer.cancel()
+        if self._hs_timer is not None:
+            self._hs_timer.cancel()
         if self.transport is not None and not self.closed:
             self.transport.close_tail()
             self._process()
@@ -93,6 +114,8 @@ class AmqpProtocol(asyncio.Protocol):
             self.sock.close()
         elif hs.state is HandshakeState.DONE:
             self.handshake = None
+            if self._hs_timer is not None:
+                self._hs_timer.cancel()
             self.user = hs.user
             self._start_amqp(hs.leftover)
         elif hs.close_after_send:

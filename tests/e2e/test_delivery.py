@@ -16,6 +16,7 @@ import pytest
 from proton import Delivery, Link, Message, Timeout, symbol
 from proton.reactor import AtMostOnce
 
+from tests.client import SourceOptions
 from tests.e2e.helpers_delivery import (
     QUIET,
     WAIT,
@@ -416,3 +417,28 @@ def test_malformed_payload_rejected_with_decode_error(broker, payload):
         q2 = uid("after-bad")
         send_bodies(conn, q2, ["ok"])
         assert drain_bodies(conn, receiver(conn, q2, credit=5)) == ["ok"]
+
+
+def test_bad_application_properties_do_not_poison_a_queue_with_a_selector_consumer(broker):
+    """Sections past the header are decoded lazily; a bad application-properties
+    section met while evaluating a consumer's selector must not break dispatch."""
+    q = uid("bad-props")
+    with connection(broker) as conn:
+        picky = receiver(conn, q, credit=10, options=SourceOptions(selector="color = 'red'"))
+        with connection(broker) as pconn:
+            snd = sender(pconn, q)
+            bad = snd.link.delivery(b"bad-props")
+            # application-properties: a map8 whose entries start with an invalid constructor
+            snd.link.stream(b"\x00\x53\x74\xc1\x03\x02\xff\xff" + b"\x00\x53\x77\xa1\x03abc")
+            snd.link.advance()
+            wait_settled(pconn, bad)
+            assert bad.remote_state in (Delivery.ACCEPTED, Delivery.REJECTED)
+            good = snd.link.send(Message(body="red", properties={"color": "red"}))
+            wait_settled(pconn, good)
+            assert good.remote_state == Delivery.ACCEPTED
+        # The selector consumer's connection survives and gets the good message.
+        assert drain_bodies(conn, picky) == ["red"]
+    with connection(broker) as conn:
+        rest = drain_bodies(conn, receiver(conn, q, credit=10))
+    # Accepted → passed through as sent; rejected → not on the queue.
+    assert rest == (["abc"] if bad.remote_state == Delivery.ACCEPTED else [])

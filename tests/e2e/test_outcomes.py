@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from proton import Delivery, Message
+from proton import Delivery, Message, symbol
 
 from tests.broker_process import BrokerProcess
 from tests.e2e.helpers_delivery import (
@@ -23,8 +23,10 @@ from tests.e2e.helpers_delivery import (
     receiver,
     send,
     send_bodies,
+    sender,
     settle,
     uid,
+    wait_settled,
 )
 
 pytestmark = pytest.mark.e2e
@@ -276,3 +278,39 @@ def test_unsettled_on_one_consumer_do_not_block_another(broker):
         assert got[0][0].body == "1"
         send(conn, q, Message(body="4"))
         assert drain_bodies(conn, other) == ["4"]
+
+
+def test_redelivery_keeps_every_section_and_adds_a_header_when_there_was_none(broker):
+    q = uid("sections")
+    with connection(broker) as conn:
+        snd = sender(conn, q)
+        # A bare message with no header section: just an amqp-value "raw".
+        raw = snd.link.delivery(b"raw-1")
+        snd.link.stream(b"\x00\x53\x77\xa1\x03raw")
+        snd.link.advance()
+        wait_settled(conn, raw)
+        assert raw.remote_state == Delivery.ACCEPTED
+        full = Message(body={"k": [1, 2]}, subject="subj", id="mid-1", correlation_id="cid-1",
+                       properties={"color": "red", "n": 7},
+                       annotations={symbol("x-opt-custom"): "ann"}, priority=2, durable=True)
+        snd.send(full)
+        rcv = receiver(conn, q, credit=None)
+        rcv.link.flow(2)
+        m1, d1 = fetch(conn, rcv)
+        m2, d2 = fetch(conn, rcv)
+        assert (m1.body, m2.body) == ("raw", {"k": [1, 2]})   # priority 4 (no header) before 2
+        settle(d2, Delivery.MODIFIED, failed=True)
+        barrier(conn)
+        rcv.close()       # d1 unsettled: back with delivery-count 1
+        again = receiver(conn, q, credit=10)
+        r1, e1 = fetch(conn, again)
+        r2, e2 = fetch(conn, again)
+        settle(e1, Delivery.ACCEPTED)
+        settle(e2, Delivery.ACCEPTED)
+    assert (r1.body, r1.delivery_count) == ("raw", 1)
+    assert r2.delivery_count == 1
+    assert r2.body == {"k": [1, 2]}
+    assert (r2.subject, r2.id, r2.correlation_id) == ("subj", "mid-1", "cid-1")
+    assert r2.properties == {"color": "red", "n": 7}
+    assert r2.annotations == {symbol("x-opt-custom"): "ann"}
+    assert (r2.priority, r2.durable) == (2, True)

@@ -245,3 +245,21 @@ def test_plaintext_client_on_tls_port_fails_and_broker_keeps_serving(strict_brok
     finally:
         conn.close()
     assert "Traceback" not in strict_broker.log_text()
+
+
+def test_sasl_handshake_timeout_closes_silent_sockets(broker_factory):
+    """A socket that connects and never finishes SASL is closed after limits.sasl_timeout."""
+    import socket as _socket
+
+    b = broker_factory("[limits]\nsasl_timeout = 0.5\n")
+    sock = _socket.create_connection(("127.0.0.1", b.port), timeout=10)
+    sock.sendall(b"AMQP\x03\x01\x00\x00")   # SASL header, then silence
+    chunks = []
+    while True:
+        data = sock.recv(4096)
+        if not data:
+            break
+        chunks.append(data)
+    sock.close()
+    assert b"".join(chunks).startswith(b"AMQP\x03\x01\x00\x00")
+    b.wait_for_log(r"closed: handshake timed out")
