@@ -11,7 +11,8 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from proton import Collector, Connection, Transport
+from cproton import ffi, lib
+from proton import Collector, Connection, Event, Transport
 
 from .sasl import Handshake, HandshakeState
 
@@ -19,6 +20,16 @@ if TYPE_CHECKING:
     from .app import BrokerServer, Listener
 
 log = logging.getLogger("amqpbroker.engine")
+
+_DELIVERY = lib.PN_DELIVERY
+_LINK_FLOW = lib.PN_LINK_FLOW
+# Engine bookkeeping the broker does not act on.
+_SKIPPED = frozenset({
+    lib.PN_TRANSPORT, lib.PN_CONNECTION_INIT, lib.PN_CONNECTION_BOUND, lib.PN_CONNECTION_LOCAL_OPEN,
+    lib.PN_CONNECTION_LOCAL_CLOSE, lib.PN_SESSION_INIT, lib.PN_SESSION_LOCAL_OPEN,
+    lib.PN_SESSION_LOCAL_CLOSE, lib.PN_SESSION_FINAL, lib.PN_LINK_INIT, lib.PN_LINK_LOCAL_OPEN,
+    lib.PN_LINK_LOCAL_CLOSE, lib.PN_LINK_LOCAL_DETACH, lib.PN_LINK_FINAL,
+})
 
 
 class AmqpProtocol(asyncio.Protocol):
@@ -166,18 +177,29 @@ class AmqpProtocol(asyncio.Protocol):
         self._process()
 
     def _process(self) -> None:
-        coll = self.collector
+        """Pop every collector event.  Deliveries and flow (the per-message events)
+        go to the handler as raw pointers; engine bookkeeping events are skipped
+        without building Python wrappers; the rest are wrapped and dispatched."""
+        coll = self.collector._impl
         handler = self.handler
+        peek, pop, etype = lib.pn_collector_peek, lib.pn_collector_pop, lib.pn_event_type
+        null = ffi.NULL
         while True:
-            ev = coll.peek()
-            if ev is None:
+            ev = peek(coll)
+            if ev == null:
                 break
+            t = etype(ev)
             try:
-                handler.dispatch(ev)
+                if t == _DELIVERY:
+                    handler.on_delivery_raw(lib.pn_event_delivery(ev))
+                elif t == _LINK_FLOW:
+                    handler.on_link_flow_raw(lib.pn_event_link(ev))
+                elif t not in _SKIPPED:
+                    handler.dispatch(Event.wrap(ev))
             except Exception:
-                log.exception("connection %s: error handling %s", self.peer, ev.type)
+                log.exception("connection %s: error handling event %d", self.peer, t)
                 handler.internal_error()
-            coll.pop()
+            pop(coll)
         self.mark_dirty()
 
     def mark_dirty(self) -> None:

@@ -18,7 +18,8 @@ from ..core.message import MalformedMessage, Message
 from ..core.queues import ExclusivityPolicy, LifetimePolicy
 from ..core.subscriptions import RESOURCE_LIMIT, DetachAction
 from .attach import AttachRefused, ConsumerAttacher
-from .links import ACCEPTED, REJECTED, LinkConsumer, Producer
+from .links import ACCEPTED, REJECTED, LinkConsumer, Producer, link_key
+from cproton import addressof, lib
 from .terminus import read_target, write_null, write_target
 
 if TYPE_CHECKING:
@@ -54,8 +55,6 @@ class ConnectionHandler:
             Event.LINK_REMOTE_OPEN.number: self.on_link_remote_open,
             Event.LINK_REMOTE_DETACH.number: self.on_link_remote_detach,
             Event.LINK_REMOTE_CLOSE.number: self.on_link_remote_close,
-            Event.LINK_FLOW.number: self.on_link_flow,
-            Event.DELIVERY.number: self.on_delivery,
             Event.TRANSPORT_ERROR.number: self.on_transport_error,
         }
 
@@ -150,7 +149,7 @@ class ConnectionHandler:
         link = self.conn.link_head(0)
         while link:
             if link.session == session:
-                endpoint = self.endpoints.pop(id_of(link), None)
+                endpoint = self.endpoints.pop(link_key(link), None)
                 if endpoint is not None:
                     self._release(endpoint, closed=False)
             link = link.next(0)
@@ -183,7 +182,7 @@ class ConnectionHandler:
             self.refuse(link, refused.condition, refused.description)
             return
         self.links += 1
-        self.endpoints[id_of(link)] = endpoint
+        self.endpoints[link_key(link)] = endpoint
 
     def refuse(self, link: Link, condition: str, description: str) -> None:
         """Null terminus + detach with the error: the refusal shape clients
@@ -229,7 +228,7 @@ class ConnectionHandler:
         self._link_detached(ev.link, closed=True)
 
     def _link_detached(self, link: Link, *, closed: bool) -> None:
-        endpoint = self.endpoints.pop(id_of(link), None)
+        endpoint = self.endpoints.pop(link_key(link), None)
         self.server.forget_link(self, link)
         answer: Condition | None = None
         if endpoint is not None:
@@ -257,7 +256,7 @@ class ConnectionHandler:
 
     def refuse_after(self, link: Link, condition: str, description: str) -> None:
         """Refuse a link whose attach reply was held back (a failed durable commit)."""
-        endpoint = self.endpoints.pop(id_of(link), None)
+        endpoint = self.endpoints.pop(link_key(link), None)
         if endpoint is not None:
             self.links -= 1
             self._release(endpoint, closed=False)
@@ -266,14 +265,14 @@ class ConnectionHandler:
 
     def link_ended(self, link: Link) -> None:
         """We closed a link ourselves (e.g. message too large)."""
-        endpoint = self.endpoints.pop(id_of(link), None)
+        endpoint = self.endpoints.pop(link_key(link), None)
         if endpoint is not None:
             self.links -= 1
             self._release(endpoint, closed=False)
 
     def stolen(self, link: Link) -> None:
         """AMQP 1.0 §2.6.2: the same link attached elsewhere takes it over."""
-        endpoint = self.endpoints.pop(id_of(link), None)
+        endpoint = self.endpoints.pop(link_key(link), None)
         if endpoint is not None:
             self.links -= 1
             self._release(endpoint, closed=False)
@@ -306,22 +305,21 @@ class ConnectionHandler:
 
     # ------------------------------------------------------------------ flow and deliveries
 
-    def on_link_flow(self, ev: Event) -> None:
-        endpoint = self.endpoints.get(id_of(ev.link))
-        if isinstance(endpoint, LinkConsumer):
+    # The two per-message events arrive as raw pointers (see engine._process).
+
+    def on_link_flow_raw(self, link: Any) -> None:
+        endpoint = self.endpoints.get(addressof(link))
+        if endpoint is not None and endpoint.__class__ is LinkConsumer:
             endpoint.on_flow()
 
-    def on_delivery(self, ev: Event) -> None:
-        dlv = ev.delivery
-        endpoint = self.endpoints.get(id_of(dlv.link))
+    def on_delivery_raw(self, dlv: Any) -> None:
+        endpoint = self.endpoints.get(addressof(lib.pn_delivery_link(dlv)))
         if endpoint is None:
-            dlv.settle()
-        elif isinstance(endpoint, LinkConsumer):
-            endpoint.on_disposition(dlv)
+            lib.pn_delivery_settle(dlv)
         else:
             endpoint.on_delivery(dlv)
 
-    def receive(self, producer: Producer, dlv: Delivery, raw: bytes) -> None:
+    def receive(self, producer: Producer, dlv: Any, raw: bytes) -> None:
         """A complete message arrived on a producer link."""
         store = self.server.store
         try:
@@ -337,8 +335,8 @@ class ConnectionHandler:
         except AddressNotFound as exc:
             self._reject(producer, dlv, "amqp:not-found", exc.why)
             return
-        if dlv.settled:  # pre-settled by the producer: nothing to answer
-            dlv.settle()
+        if lib.pn_delivery_settled(dlv):  # pre-settled by the producer: nothing to answer
+            lib.pn_delivery_settle(dlv)
             return
         if msg.store_id is not None and store.persistent:
             # Accept only once the store has it on disk (group commit).
@@ -357,17 +355,17 @@ class ConnectionHandler:
         producer.drain_settlements()
         self.protocol.mark_dirty()
 
-    def _reject(self, producer: Producer, dlv: Delivery, condition: str, description: str) -> None:
+    def _reject(self, producer: Producer, dlv: Any, condition: str, description: str) -> None:
         log.warning("connection %s: message on link '%s' rejected: %s: %s", self.protocol.peer,
                     producer.link.name, condition, description)
-        if dlv.settled:
-            dlv.settle()
+        if lib.pn_delivery_settled(dlv):
+            lib.pn_delivery_settle(dlv)
             return
         producer.settle_in_order(dlv, REJECTED, Condition(condition, description))
 
     def transactional_ack(self, consumer: LinkConsumer, dlv: Delivery, entry: Any) -> None:
         # Until transactions land, a transactional acknowledgement counts as accepted.
-        consumer.apply_outcome(entry, ACCEPTED, dlv.remote)
+        consumer.apply_outcome(entry, ACCEPTED)
         dlv.settle()
 
 
@@ -376,11 +374,6 @@ def detach_with_condition(link: Link) -> None:
     copy the condition into the engine the way close() does."""
     link._update_cond()
     link.detach()
-
-
-def id_of(link: Link) -> int:
-    """A stable key for a proton link (wrappers are recreated per event)."""
-    return hash(link)
 
 
 def session_key(session: Any) -> int:

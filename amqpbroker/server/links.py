@@ -2,34 +2,39 @@
 
 Thin wrappers around proton links: they translate transfers and dispositions into
 calls on core queues and the broker, and nothing else.
+
+The per-message paths (transfer in, transfer out, disposition, flow) call the
+proton C API through cffi directly with raw pointers: proton's Python wrappers
+cost about a dozen object constructions per message (shared/notes/proton-server.md),
+which is most of a Python broker's CPU budget.  Rare paths use the wrappers.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
+from cproton import addressof, ffi, lib
 from proton import Condition, Delivery, Link
 
-from ..core.addresses import AddressNotFound, Resolution
-from ..core.message import MalformedMessage, Message, selector_lookup
+from ..core.message import MalformedMessage, selector_lookup
 from ..core.queues import Entry, Outcome, Queue
 
 if TYPE_CHECKING:
+    from ..core.addresses import Resolution
     from .handlers import ConnectionHandler
 
 log = logging.getLogger("amqpbroker.links")
 
-_consumer_ids = itertools.count(1)
-
-# Delivery state codes, AMQP 1.0 §3.4.
+# Delivery state codes, AMQP 1.0 §3.4 (and §4.5.5 for the transactional state).
 ACCEPTED = Delivery.ACCEPTED
 REJECTED = Delivery.REJECTED
 RELEASED = Delivery.RELEASED
 MODIFIED = Delivery.MODIFIED
 TRANSACTIONAL_STATE = 0x34
+
+_consumer_ids = iter(range(1, 1 << 62))
 
 
 class LinkConsumer:
@@ -40,14 +45,15 @@ class LinkConsumer:
         self.consumer_id = next(_consumer_ids)
         self.handler = handler
         self.link = link
+        self.impl = link._impl
         self.queue = queue
         self.selector = selector
         self.no_local = no_local
         self.browser = browser
         self.filtered = selector is not None or no_local
         self.presettled = link.snd_settle_mode == Link.SND_SETTLED
-        self.unsettled: dict[str, Entry] = {}
-        self._tags = itertools.count(1)
+        self.unsettled: dict[int, Entry] = {}   # delivery address → entry, in send order
+        self._tag = 0
         self.closed = False
         self.ready = True              # False until the attach reply is sent (durable commit)
         self.subscription: Any = None  # set by the subscription layer
@@ -57,7 +63,7 @@ class LinkConsumer:
     def credit(self) -> int:
         if self.closed or not self.ready or self.handler.protocol.write_paused:
             return 0
-        return self.link.credit
+        return lib.pn_link_credit(self.impl)
 
     def accepts(self, entry: Entry) -> bool:
         if self.no_local and entry.msg.publisher == self.handler.connection_key:
@@ -73,51 +79,57 @@ class LinkConsumer:
         return True
 
     def deliver(self, entry: Entry) -> None:
-        tag = str(next(self._tags))  # proton hands tags back as str (bytes2string)
-        link = self.link
-        dlv = link.delivery(tag)
-        link.send(entry.payload())
-        link.advance()
+        impl = self.impl
+        self._tag += 1
+        tag = self._tag.to_bytes(8, "big")
+        dlv = lib.pn_delivery(impl, (8, ffi.from_buffer(tag)))
+        payload = entry.payload()
+        lib.pn_link_send(impl, ffi.from_buffer(payload), len(payload))
+        lib.pn_link_advance(impl)
         if self.presettled:
-            dlv.settle()
+            lib.pn_delivery_settle(dlv)
             self.queue.settle(entry, Outcome.ACCEPTED)
         else:
-            self.unsettled[tag] = entry
+            self.unsettled[addressof(dlv)] = entry
         self.handler.protocol.mark_dirty()
 
     # --- proton events
 
     def on_flow(self) -> None:
         self.queue.dispatch()
-        link = self.link
-        if link.drain_mode and link.credit > 0:
+        impl = self.impl
+        if lib.pn_link_get_drain(impl) and lib.pn_link_credit(impl) > 0:
             # AMQP 1.0 §2.6.7: a drain request with nothing more to send consumes
             # the credit (delivery-count advances, credit 0, drain echoed).
-            link.drained()
+            lib.pn_link_drained(impl)
         self.handler.protocol.mark_dirty()
 
-    def on_disposition(self, dlv: Delivery) -> None:
-        if not (dlv.updated or dlv.settled):
+    def on_delivery(self, dlv: Any) -> None:
+        """A disposition from the consumer (dlv: raw pn_delivery_t*)."""
+        if not (lib.pn_delivery_updated(dlv) or lib.pn_delivery_settled(dlv)):
             return
-        entry = self.unsettled.pop(dlv.tag, None)
+        entry = self.unsettled.pop(addressof(dlv), None)
         if entry is None:
-            dlv.settle()
+            lib.pn_delivery_settle(dlv)
             return
-        state = dlv.remote_state
+        state = lib.pn_delivery_remote_state(dlv)
         if state == TRANSACTIONAL_STATE:
-            self.handler.transactional_ack(self, dlv, entry)
+            self.handler.transactional_ack(self, Delivery.wrap(dlv), entry)
             return
-        self.apply_outcome(entry, state, dlv.remote)
-        dlv.settle()
+        remote = lib.pn_delivery_remote(dlv)
+        self.apply_outcome(entry, state, lib.pn_disposition_is_failed(remote),
+                           lib.pn_disposition_is_undeliverable(remote))
+        lib.pn_delivery_settle(dlv)
 
-    def apply_outcome(self, entry: Entry, state: int, remote: Any) -> None:
+    def apply_outcome(self, entry: Entry, state: int, failed: bool = False,
+                      undeliverable: bool = False) -> None:
         if state == REJECTED:
             self.queue.settle(entry, Outcome.REJECTED)
         elif state == RELEASED:
             self.queue.settle(entry, Outcome.RELEASED)
         elif state == MODIFIED:
-            self.queue.settle(entry, Outcome.MODIFIED, delivery_failed=bool(remote.failed),
-                              undeliverable_here=bool(remote.undeliverable))
+            self.queue.settle(entry, Outcome.MODIFIED, delivery_failed=bool(failed),
+                              undeliverable_here=bool(undeliverable))
         else:  # accepted, or settled without a state: treat as consumed
             self.queue.settle(entry, Outcome.ACCEPTED)
 
@@ -134,10 +146,11 @@ class LinkConsumer:
 class Producer:
     """A receiving link: messages in, routed through the broker, settled in order."""
 
-    def __init__(self, handler: "ConnectionHandler", link: Link, target: Resolution | None,
+    def __init__(self, handler: "ConnectionHandler", link: Link, target: "Resolution | None",
                  credit: int, max_message_size: int):
         self.handler = handler
         self.link = link
+        self.impl = link._impl
         self.target = target           # None: anonymous relay, route by `to`
         self.window = credit
         self.max_message_size = max_message_size
@@ -146,33 +159,37 @@ class Producer:
         self.in_order: deque[list] = deque()
         link.flow(credit)
 
-    def on_delivery(self, dlv: Delivery) -> None:
-        if dlv.aborted:
-            dlv.settle()
+    def on_delivery(self, dlv: Any) -> None:
+        """A transfer arrived (dlv: raw pn_delivery_t*)."""
+        if lib.pn_delivery_aborted(dlv):
+            lib.pn_delivery_settle(dlv)
             return
-        if dlv.pending > self.max_message_size:
+        pending = lib.pn_delivery_pending(dlv)
+        if pending > self.max_message_size:
             self._too_large(dlv)
             return
-        if dlv.partial:
+        if lib.pn_delivery_partial(dlv):
             return
-        link = self.link
-        raw = link.recv(dlv.pending)
-        link.advance()
-        if link.credit < self.window // 2:
-            link.flow(self.window - link.credit)
-        self.handler.receive(self, dlv, raw)
+        impl = self.impl
+        buf = bytearray(pending)
+        n = lib.pn_link_recv(impl, ffi.from_buffer(buf), pending)
+        lib.pn_link_advance(impl)
+        credit = lib.pn_link_credit(impl)
+        if credit < self.window // 2:
+            lib.pn_link_flow(impl, self.window - credit)
+        self.handler.receive(self, dlv, bytes(buf) if n == pending else bytes(buf[:max(n, 0)]))
 
-    def _too_large(self, dlv: Delivery) -> None:
+    def _too_large(self, dlv: Any) -> None:
         log.warning("connection %s: link '%s': message larger than %d bytes refused",
                     self.handler.protocol.peer, self.link.name, self.max_message_size)
-        dlv.settle()
+        lib.pn_delivery_settle(dlv)
         self.link.condition = Condition(
             "amqp:link:message-size-exceeded",
             f"message exceeds the maximum message size of {self.max_message_size} bytes")
         self.link.close()
         self.handler.link_ended(self.link)
 
-    def settle_in_order(self, dlv: Delivery, state: int | None, condition: Condition | None = None,
+    def settle_in_order(self, dlv: Any, state: int | None, condition: Condition | None = None,
                         ready: bool = True) -> list:
         """Queue a settlement; emit every settlement at the head that is ready."""
         slot = [dlv, state, condition, ready]
@@ -185,17 +202,19 @@ class Producer:
         q = self.in_order
         while q and q[0][3]:
             dlv, state, condition, _ = q.popleft()
-            if state is not None and not dlv.settled:
-                if condition is not None:
-                    dlv.local.condition = condition
-                dlv.update(state)
-            dlv.settle()
+            if condition is not None:
+                wrapped = Delivery.wrap(dlv)
+                wrapped.local.condition = condition
+                wrapped.update(state)
+            elif state is not None:
+                lib.pn_delivery_update(dlv, state)
+            lib.pn_delivery_settle(dlv)
+
+    def abandon(self) -> None:
+        """The link or connection ended: deliveries waiting on the store get no answer."""
+        self.in_order.clear()
 
 
-def message_from(raw: bytes, publisher: Any) -> Message:
-    """Build a Message or raise MalformedMessage."""
-    return Message(raw, publisher=publisher)
-
-
-__all__ = ["LinkConsumer", "Producer", "message_from", "AddressNotFound", "MalformedMessage",
-           "Callable"]
+def link_key(link: Link) -> int:
+    """A stable key for a proton link (Python wrappers are recreated per event)."""
+    return addressof(link._impl)
