@@ -16,6 +16,7 @@ from ..config import ClientIdPolicy, Settings, anonymous_allowed
 from ..core.broker import Broker, BrokerPolicy
 from ..core.message import Message, selector_lookup
 from ..core.registry import SubscriptionRegistry
+from ..core.transactions import TransactionRegistry
 from ..core.selectors import compile_selector
 from ..security.users import UserStore
 from ..store.base import Store
@@ -66,6 +67,7 @@ class BrokerServer:
             max_consumers_per_subscription=p.max_consumers_per_subscription,
         ))
         self.subscriptions = SubscriptionRegistry(self.broker, binding_filter)
+        self.transactions = TransactionRegistry()
         st = settings.store
         self.store: Store = (LmdbStore(settings.data_dir / "store", map_size=st.initial_map_size,
                                        max_map_size=st.max_map_size)

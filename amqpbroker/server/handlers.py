@@ -20,7 +20,9 @@ from ..core.subscriptions import RESOURCE_LIMIT, DetachAction
 from .attach import AttachRefused, ConsumerAttacher
 from .links import ACCEPTED, REJECTED, LinkConsumer, Producer, link_key
 from cproton import addressof, lib
+from .coordinator import TRANSACTIONAL_STATE, Coordinator, stage_ack, stage_send
 from .terminus import read_target, write_null, write_target
+from ..core.terms import TargetTerms
 
 if TYPE_CHECKING:
     from .engine import AmqpProtocol
@@ -116,6 +118,11 @@ class ConnectionHandler:
         if self.ended:
             return
         self.ended = True
+        # A connection that drops with open transactions rolls them back (§4.4.1).
+        txns = self.server.transactions
+        for txn in txns.owned_by(self):
+            txns.take(txn.txn_id)
+            txns.rollback(txn)
         for endpoint in list(self.endpoints.values()):
             self._release(endpoint, closed=False)
         self.endpoints.clear()
@@ -203,7 +210,7 @@ class ConnectionHandler:
     def _attach_producer(self, link: Link) -> Producer:
         target = read_target(link.remote_target)
         if target.coordinator:
-            raise AttachRefused("amqp:not-implemented", "transactions are not supported yet")
+            return self._attach_coordinator(link)
         resolution = None
         if target.address:
             try:
@@ -220,6 +227,16 @@ class ConnectionHandler:
         link.open()
         limits = self.server.settings.limits
         return Producer(self, link, resolution, limits.link_credit, limits.max_message_size)
+
+    def _attach_coordinator(self, link: Link) -> Coordinator:
+        """AMQP 1.0 §4.2: the coordinator target; we offer local transactions."""
+        link.source.copy(link.remote_source)
+        write_target(link.target, TargetTerms(coordinator=True,
+                                              capabilities=frozenset({"amqp:local-transactions"})))
+        link.snd_settle_mode = link.remote_snd_settle_mode
+        link.rcv_settle_mode = link.remote_rcv_settle_mode
+        link.open()
+        return Coordinator(self, link, 100)
 
     def on_link_remote_detach(self, ev: Event) -> None:
         self._link_detached(ev.link, closed=False)
@@ -328,6 +345,9 @@ class ConnectionHandler:
                 self._reject(producer, dlv, RESOURCE_LIMIT, "message store is full")
                 return
             target = producer.target or self.broker.resolve_for_relay(msg)
+            if lib.pn_delivery_remote_state(dlv) == TRANSACTIONAL_STATE:
+                stage_send(self, producer, dlv, msg, target)
+                return
             self.broker.publish(msg, target)
         except MalformedMessage as exc:
             self._reject(producer, dlv, "amqp:decode-error", str(exc))
@@ -364,9 +384,7 @@ class ConnectionHandler:
         producer.settle_in_order(dlv, REJECTED, Condition(condition, description))
 
     def transactional_ack(self, consumer: LinkConsumer, dlv: Delivery, entry: Any) -> None:
-        # Until transactions land, a transactional acknowledgement counts as accepted.
-        consumer.apply_outcome(entry, ACCEPTED)
-        dlv.settle()
+        stage_ack(self, consumer, dlv, entry)
 
 
 def detach_with_condition(link: Link) -> None:

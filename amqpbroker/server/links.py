@@ -190,9 +190,10 @@ class Producer:
         self.handler.link_ended(self.link)
 
     def settle_in_order(self, dlv: Any, state: int | None, condition: Condition | None = None,
-                        ready: bool = True) -> list:
-        """Queue a settlement; emit every settlement at the head that is ready."""
-        slot = [dlv, state, condition, ready]
+                        ready: bool = True, data: list | None = None) -> list:
+        """Queue a settlement; emit every settlement at the head that is ready.
+        `data` carries the fields of a non-terminal state (declared, transactional-state)."""
+        slot = [dlv, state, condition, ready, data]
         self.in_order.append(slot)
         if ready:
             self.drain_settlements()
@@ -201,10 +202,13 @@ class Producer:
     def drain_settlements(self) -> None:
         q = self.in_order
         while q and q[0][3]:
-            dlv, state, condition, _ = q.popleft()
-            if condition is not None:
+            dlv, state, condition, _, data = q.popleft()
+            if condition is not None or data is not None:
                 wrapped = Delivery.wrap(dlv)
-                wrapped.local.condition = condition
+                if condition is not None:
+                    wrapped.local.condition = condition
+                if data is not None:
+                    wrapped.local.data = data
                 wrapped.update(state)
             elif state is not None:
                 lib.pn_delivery_update(dlv, state)

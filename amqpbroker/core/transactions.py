@@ -1,0 +1,104 @@
+"""AMQP 1.0 local transactions (Part 4 §4.4): staged sends and acknowledgements per
+transaction id, applied together at discharge.  Pure: the I/O layer decodes the
+coordinator's Declare/Discharge and the transactional states, and calls these.
+
+* A transactional transfer (state `transactional-state{txn-id}`) is staged and
+  routed only at commit, so it is visible to consumers only then (§4.4.2).
+* A transactional acknowledgement keeps the entry acquired by its consumer until
+  discharge; commit applies the outcome, rollback returns the entry with
+  delivery-count+1 (it was delivered; JMSRedelivered must be true afterwards).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from .broker import Broker
+from .message import Message
+from .queues import Entry, Outcome, Queue
+
+UNKNOWN_ID = "amqp:transaction:unknown-id"
+ROLLBACK = "amqp:transaction:rollback"
+
+
+class TransactionError(Exception):
+    def __init__(self, condition: str, description: str):
+        super().__init__(description)
+        self.condition = condition
+        self.description = description
+
+
+@dataclass(eq=False)
+class StagedAck:
+    queue: Queue
+    entry: Entry
+    outcome: Outcome
+    delivery_failed: bool = False
+    undeliverable_here: bool = False
+
+
+@dataclass(eq=False)
+class Transaction:
+    txn_id: bytes
+    owner: Any
+    sends: list[tuple[Message, Any]] = field(default_factory=list)   # (message, resolution)
+    acks: list[StagedAck] = field(default_factory=list)
+
+
+class TransactionRegistry:
+    def __init__(self) -> None:
+        self._open: dict[bytes, Transaction] = {}
+        self._counter = itertools.count(1)
+        self._prefix = os.urandom(4)
+        self.committed_total = 0
+        self.rolled_back_total = 0
+
+    def declare(self, owner: Any) -> Transaction:
+        txn_id = self._prefix + next(self._counter).to_bytes(8, "big")
+        txn = Transaction(txn_id, owner)
+        self._open[txn_id] = txn
+        return txn
+
+    def get(self, txn_id: bytes) -> Transaction:
+        txn = self._open.get(bytes(txn_id))
+        if txn is None:
+            raise TransactionError(UNKNOWN_ID, f"unknown transaction id {bytes(txn_id).hex()}")
+        return txn
+
+    def take(self, txn_id: bytes) -> Transaction:
+        """Remove a transaction for discharge."""
+        txn = self.get(txn_id)
+        del self._open[txn.txn_id]
+        return txn
+
+    def owned_by(self, owner: Any) -> list[Transaction]:
+        return [t for t in self._open.values() if t.owner is owner]
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    # ------------------------------------------------------------------ discharge
+
+    def commit(self, txn: Transaction, broker: Broker) -> list[Queue]:
+        """Publish every staged send and apply every staged acknowledgement, in the
+        order they arrived (one store batch when the caller flushes once after)."""
+        touched: list[Queue] = []
+        for msg, target in txn.sends:
+            touched.extend(broker.publish(msg, target))
+        for ack in txn.acks:
+            ack.queue.settle(ack.entry, ack.outcome, delivery_failed=ack.delivery_failed,
+                             undeliverable_here=ack.undeliverable_here)
+        self.committed_total += 1
+        return touched
+
+    def rollback(self, txn: Transaction) -> None:
+        """Staged sends vanish; acknowledged entries go back, counted as delivered."""
+        txn.sends.clear()
+        for ack in reversed(txn.acks):
+            if ack.entry.consumer is not None:
+                ack.queue.settle(ack.entry, Outcome.MODIFIED, delivery_failed=True)
+        txn.acks.clear()
+        self.rolled_back_total += 1
