@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 
+TEMP_PREFIX = "amqpbroker.temp-"   # names of dynamic (temporary) nodes
+
+
 class AddressKind(str, enum.Enum):
     QUEUE = "queue"
     EXCHANGE = "exchange"
@@ -65,6 +68,9 @@ def resolve(
         return Resolution(AddressKind.QUEUE, address)
     if exchange_exists(address):
         return Resolution(AddressKind.EXCHANGE, address)
+    if address.startswith(TEMP_PREFIX):
+        # A temporary node that is gone stays gone: never re-created on demand.
+        raise AddressNotFound(address, f"temporary node '{address}' no longer exists")
     if topic:
         return Resolution(AddressKind.EXCHANGE, topic_exchange, address)
     if auto_create:

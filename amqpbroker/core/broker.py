@@ -107,6 +107,17 @@ class Broker:
             self.on_queue_deleted(queue)
         return queue
 
+    def delete_exchange(self, name: str) -> Exchange | None:
+        exchange = self.exchanges.get(name)
+        if exchange is None or exchange.builtin:
+            return None
+        del self.exchanges[name]
+        for binding in list(exchange.bindings):
+            exchange.unbind(binding)
+            if self.on_binding_changed is not None:
+                self.on_binding_changed(binding, False)
+        return exchange
+
     def bind(self, exchange: str, key: str, queue: Queue, filter: BindingFilter | None = None,
              arguments: dict | None = None) -> Binding:
         binding = Binding(exchange, key, queue, filter, dict(arguments or {}))

@@ -57,6 +57,9 @@ class ConsumerPort(Protocol):
     def credit(self) -> int: ...
     def accepts(self, entry: "Entry") -> bool: ...
     def deliver(self, entry: "Entry") -> None: ...
+    # Browsers only: the last sequence seen, and a non-acquiring delivery.
+    browse_cursor: int
+    def deliver_copy(self, entry: "Entry") -> None: ...
 
 
 class Entry:
@@ -176,6 +179,7 @@ class Queue:
         self.owner = owner          # session/connection the lifetime is tied to
         self.deleted = False
         self.consumers: list[ConsumerPort] = []
+        self._browsers = 0
         self._ready = ReadyList()
         self._delayed: list[tuple[float, int, Entry]] = []
         self._groups: dict[str, ConsumerPort] = {}
@@ -270,8 +274,14 @@ class Queue:
 
     # ------------------------------------------------------------------ consumers
 
+    @property
+    def browsers(self) -> int:
+        return self._browsers
+
     def add_consumer(self, consumer: ConsumerPort) -> None:
         self.consumers.append(consumer)
+        if consumer.browser:
+            self._browsers += 1
         self.last_consumer_at = self.clock()
         self.dispatch()
 
@@ -280,6 +290,8 @@ class Queue:
         delivery-count+1 (AMQP 1.0 §3.4: the delivery may have been processed)."""
         try:
             self.consumers.remove(consumer)
+            if consumer.browser:
+                self._browsers -= 1
         except ValueError:
             pass
         self.last_consumer_at = self.clock()
@@ -310,6 +322,8 @@ class Queue:
             self._dispatching = False
 
     def _dispatch_round(self) -> None:
+        if self.browsers:
+            self._browse()
         consumers = self.consumers
         while self._ready and consumers:
             n = len(consumers)
@@ -326,6 +340,28 @@ class Queue:
                 break
             else:
                 return
+
+    def _browse(self) -> None:
+        """Browsers (distribution-mode copy, AMQP 1.0 §3.5.3) see ready entries in
+        order, each once, without acquiring them."""
+        for consumer in self.consumers:
+            if not consumer.browser:
+                continue
+            credit = consumer.credit()
+            if credit <= 0:
+                continue
+            cursor = consumer.browse_cursor
+            fresh = sorted((e for e in self._ready if e.seq > cursor), key=lambda e: e.seq)
+            for entry in fresh:
+                if credit <= 0:
+                    break
+                consumer.browse_cursor = entry.seq
+                if entry.msg is None:
+                    self._load(entry)
+                if consumer.filtered and not consumer.accepts(entry):
+                    continue
+                consumer.deliver_copy(entry)
+                credit -= 1
 
     def _take_for(self, consumer: ConsumerPort) -> Entry | None:
         now = self.clock()

@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from proton import Link
 
-from ..core.addresses import AddressKind, AddressNotFound
+from ..core.addresses import TEMP_PREFIX, AddressKind, AddressNotFound
 from ..core.queues import ExclusivityPolicy, LifetimePolicy, Queue
 from ..core.selectors import SelectorError, compile_selector
 from ..core.subscriptions import (
@@ -29,6 +30,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("amqpbroker.attach")
 
 
+def temp_name(kind: str) -> str:
+    """Addresses of temporary nodes: unguessable, and recognisable in listings."""
+    return f"{TEMP_PREFIX}{kind}.{uuid.uuid4().hex}"
+
+
 class AttachRefused(Exception):
     def __init__(self, condition: str, description: str):
         super().__init__(description)
@@ -45,6 +51,8 @@ class ConsumerAttacher:
     def attach(self, link: Link) -> LinkConsumer:
         source = read_source(link.remote_source)
         selector = self._selector(source)
+        if source.dynamic:
+            return self._attach_dynamic(link, source, selector)
         if source.is_null:
             return self._attach_subscription(link, None, None, selector)
         if not source.address:
@@ -82,6 +90,16 @@ class ConsumerAttacher:
         reply = source.with_(filters=tuple(f for f in source.filters
                                            if f.key and (f is _sel(source) or f is _nl(source))))
         return self._open(link, reply, queue, selector, source.no_local, browser)
+
+    def _attach_dynamic(self, link: Link, source: SourceTerms, selector: Any) -> LinkConsumer:
+        """A dynamic source (AMQP 1.0 §3.5.3; a reply queue): a fresh queue that
+        lives as long as this link (or its connection)."""
+        name = temp_name("queue")
+        queue = self.broker.declare_queue(name, durable=False, owner=self.handler)
+        reply = source.with_(address=name, filters=())
+        consumer = self._open(link, reply, queue, selector, source.no_local, False)
+        consumer.temp_node = ("queue", name)
+        return consumer
 
     # ------------------------------------------------------------------ subscriptions
 

@@ -17,7 +17,10 @@ from ..core.addresses import AddressKind, AddressNotFound
 from ..core.message import MalformedMessage, Message
 from ..core.queues import ExclusivityPolicy, LifetimePolicy
 from ..core.subscriptions import RESOURCE_LIMIT, DetachAction
-from .attach import AttachRefused, ConsumerAttacher
+from dataclasses import replace
+
+from ..core.addresses import Resolution
+from .attach import AttachRefused, ConsumerAttacher, temp_name
 from .links import ACCEPTED, REJECTED, LinkConsumer, Producer, link_key
 from cproton import addressof, lib
 from .coordinator import TRANSACTIONAL_STATE, Coordinator, stage_ack, stage_send
@@ -212,7 +215,22 @@ class ConnectionHandler:
         if target.coordinator:
             return self._attach_coordinator(link)
         resolution = None
-        if target.address:
+        temp_node = None
+        if target.dynamic:
+            # Qpid JMS createTemporaryQueue/Topic: a dynamic target names a new node
+            # that lives until this link (or the connection) closes.
+            if target.has("temporary-topic") or target.has("topic"):
+                name = temp_name("topic")
+                self.broker.declare_exchange(name, "fanout", durable=False)
+                temp_node = ("exchange", name)
+                resolution = Resolution(AddressKind.EXCHANGE, name, "")
+            else:
+                name = temp_name("queue")
+                self.broker.declare_queue(name, durable=False)
+                temp_node = ("queue", name)
+                resolution = Resolution(AddressKind.QUEUE, name)
+            target = replace(target, address=name)
+        elif target.address:
             try:
                 resolution = self.broker.resolve(target.address, topic=target.has("topic"))
             except AddressNotFound as exc:
@@ -226,7 +244,9 @@ class ConnectionHandler:
         link.rcv_settle_mode = link.remote_rcv_settle_mode
         link.open()
         limits = self.server.settings.limits
-        return Producer(self, link, resolution, limits.link_credit, limits.max_message_size)
+        producer = Producer(self, link, resolution, limits.link_credit, limits.max_message_size)
+        producer.temp_node = temp_node
+        return producer
 
     def _attach_coordinator(self, link: Link) -> Coordinator:
         """AMQP 1.0 §4.2: the coordinator target; we offer local transactions."""
@@ -298,6 +318,16 @@ class ConnectionHandler:
         self.protocol.mark_dirty()
 
     def _release(self, endpoint: Any, *, closed: bool) -> Condition | None:
+        temp = getattr(endpoint, "temp_node", None)
+        if temp is not None:
+            endpoint.temp_node = None
+            if isinstance(endpoint, LinkConsumer):
+                endpoint.close()
+            kind, name = temp
+            if kind == "queue":
+                self.broker.delete_queue(name)
+            else:
+                self.broker.delete_exchange(name)
         if isinstance(endpoint, LinkConsumer):
             endpoint.close()
             if endpoint in self.consumers:

@@ -53,6 +53,9 @@ class LinkConsumer:
         self.filtered = selector is not None or no_local
         self.presettled = link.snd_settle_mode == Link.SND_SETTLED
         self.unsettled: dict[int, Entry] = {}   # delivery address → entry, in send order
+        self.browsed: set[int] = set()           # browser copies awaiting the peer's settle
+        self.browse_cursor = 0
+        self.temp_node: tuple[str, str] | None = None   # dynamic node this link created
         self._tag = 0
         self.closed = False
         self.ready = True              # False until the attach reply is sent (durable commit)
@@ -93,6 +96,21 @@ class LinkConsumer:
             self.unsettled[addressof(dlv)] = entry
         self.handler.protocol.mark_dirty()
 
+    def deliver_copy(self, entry: Entry) -> None:
+        """A browser's copy: the entry stays on the queue, outcomes are ignored."""
+        impl = self.impl
+        self._tag += 1
+        tag = self._tag.to_bytes(8, "big")
+        dlv = lib.pn_delivery(impl, (8, ffi.from_buffer(tag)))
+        payload = entry.payload()
+        lib.pn_link_send(impl, ffi.from_buffer(payload), len(payload))
+        lib.pn_link_advance(impl)
+        if self.presettled:
+            lib.pn_delivery_settle(dlv)
+        else:
+            self.browsed.add(addressof(dlv))
+        self.handler.protocol.mark_dirty()
+
     # --- proton events
 
     def on_flow(self) -> None:
@@ -108,8 +126,10 @@ class LinkConsumer:
         """A disposition from the consumer (dlv: raw pn_delivery_t*)."""
         if not (lib.pn_delivery_updated(dlv) or lib.pn_delivery_settled(dlv)):
             return
-        entry = self.unsettled.pop(addressof(dlv), None)
+        key = addressof(dlv)
+        entry = self.unsettled.pop(key, None)
         if entry is None:
+            self.browsed.discard(key)
             lib.pn_delivery_settle(dlv)
             return
         state = lib.pn_delivery_remote_state(dlv)
@@ -157,6 +177,7 @@ class Producer:
         # Dispositions go out in arrival order (Qpid JMS completion ordering): a
         # delivery waiting on the store holds back the ones behind it.
         self.in_order: deque[list] = deque()
+        self.temp_node: tuple[str, str] | None = None   # dynamic node this link created
         link.flow(credit)
 
     def on_delivery(self, dlv: Any) -> None:

@@ -284,19 +284,28 @@ class LmdbStore(Store):
                 return
             except lmdb.MapFullError:
                 size = self.env.info()["map_size"]
-                if size * 2 > self.max_map_size:
+                if size >= self.max_map_size:
                     self.full = True
                     raise StoreFull(f"store map reached its maximum of {self.max_map_size} bytes")
+                size = min(size * 2, self.max_map_size)
                 with self._read_lock:
-                    self.env.set_mapsize(size * 2)
-                log.info("store map grown to %d bytes", size * 2)
+                    self.env.set_mapsize(size)
+                log.info("store map grown to %d bytes", size)
             except lmdb.DiskError as exc:
                 self.full = True
                 raise StoreFull(f"disk full: {exc}") from exc
 
     def _usage(self) -> float:
+        """Share of the map in use.  Pages of every database, not `last_pgno`: that is
+        a high-water mark, and freed pages below it are reused (a drained store that
+        once filled up must take writes again)."""
         info = self.env.info()
-        return (info["last_pgno"] + 1) * self.env.stat()["psize"] / info["map_size"]
+        main = self.env.stat()
+        pages = 2  # the two meta pages
+        with self.env.begin() as txn:
+            for st in [main] + [txn.stat(db) for db in self._dbs.values()]:
+                pages += st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]
+        return pages * main["psize"] / info["map_size"]
 
 
 def _encode_entry(r: EntryRecord) -> bytes:

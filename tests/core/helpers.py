@@ -23,7 +23,13 @@ class RecordingConsumer:
         self._accept = accept
         self.filtered = accept is not None
         self.browser = browser
+        self.browse_cursor = 0
         self.delivered = []
+        self.copies = []
+
+    def deliver_copy(self, entry):
+        self._credit -= 1
+        self.copies.append(entry)
 
     def credit(self):
         return self._credit
