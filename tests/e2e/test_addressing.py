@@ -312,6 +312,14 @@ def test_receivers_on_queue_compete(broker):
         assert got_a and got_b
 
 
+def test_to_is_ignored_on_a_sender_with_a_target_address(broker):
+    a, b = uid("target"), uid("not-to")
+    with connection(broker) as conn:
+        send(conn, a, Message(body="m", address=b))
+        assert drain_bodies(conn, receiver(conn, a, credit=10)) == ["m"]
+        assert drain_bodies(conn, receiver(conn, b, credit=10)) == []
+
+
 # --------------------------------------------------------------------------- anonymous relay
 
 

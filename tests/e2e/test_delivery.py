@@ -305,10 +305,11 @@ def test_priority_applies_to_waiting_messages_only(broker):
 DELAY = 1.5
 
 
-def _scheduled_test(conn, q, delayed: Message):
+def _scheduled_test(conn, q, make_delayed):
+    """make_delayed(now_epoch) builds the scheduled message just before it is sent."""
     rcv = receiver(conn, q, credit=10)
     sent = time.monotonic()
-    send(conn, q, delayed, Message(body="now"))
+    send(conn, q, make_delayed(time.time()), Message(body="now"))
     # The undelayed message sent after it is not held back.
     assert fetch_body(conn, rcv, timeout=WAIT) == "now"
     # Nothing before the delivery time (a receive window ending well before it).
@@ -322,14 +323,14 @@ def _scheduled_test(conn, q, delayed: Message):
 def test_delivery_delay_annotation(broker):
     with connection(broker) as conn:
         assert symbol("DELAYED_DELIVERY") in (conn.conn.remote_offered_capabilities or [])
-        _scheduled_test(conn, uid("delay"),
-                        annotated("delayed", {"x-opt-delivery-delay": int(DELAY * 1000)}))
+        _scheduled_test(conn, uid("delay"), lambda now: annotated(
+            "delayed", {"x-opt-delivery-delay": int(DELAY * 1000)}))
 
 
 def test_delivery_time_annotation(broker):
     with connection(broker) as conn:
-        when = int((time.time() + DELAY) * 1000)
-        _scheduled_test(conn, uid("deliver-at"), annotated("delayed", {"x-opt-delivery-time": when}))
+        _scheduled_test(conn, uid("deliver-at"), lambda now: annotated(
+            "delayed", {"x-opt-delivery-time": int((now + DELAY) * 1000)}))
 
 
 def test_delivery_time_in_the_past_is_immediate(broker):
