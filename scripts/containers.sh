@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Container engine and images for the compose interop run and the container tests.
+#
+#   scripts/containers.sh up      install + start a Docker engine (host networking only)
+#   scripts/containers.sh build   base image (if absent), wheels, broker + interop images
+#   scripts/containers.sh down    remove containers, stop the engine we started
+#
+# No image registry is reachable on the build machines: the base image is made
+# locally with debootstrap from the machine's own Debian mirror, and the images
+# install wheels built on the host (pip inside a container build cannot reach PyPI).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BASE_IMAGE=${BASE_IMAGE:-local/debian-py:bookworm}
+BROKER_IMAGE=${BROKER_IMAGE:-amqpbroker:local}
+INTEROP_IMAGE=${INTEROP_IMAGE:-amqpbroker-interop:local}
+STATE=${CONTAINERS_STATE:-/tmp/amqpbroker-containers}
+SUDO=""
+if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null; then SUDO="sudo"; fi
+
+log() { echo "[containers] $*" >&2; }
+
+debian_mirror() {
+  # The mirror this machine's apt already uses (deb822 or one-line format).
+  local uri
+  uri=$(grep -hE '^URIs:' /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '{print $2}' | grep -v security | head -n1 || true)
+  if [ -z "$uri" ]; then
+    uri=$(grep -hE '^deb ' /etc/apt/sources.list 2>/dev/null | awk '{print $2}' | head -n1 || true)
+  fi
+  echo "${uri:?no Debian mirror found in the apt configuration}"
+}
+
+engine_up() {
+  if ! command -v dockerd >/dev/null || ! command -v docker-compose >/dev/null || ! command -v debootstrap >/dev/null; then
+    log "installing docker.io, docker-compose, debootstrap"
+    $SUDO apt-get update -qq
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
+      --no-install-recommends docker.io docker-compose debootstrap >/dev/null
+  fi
+  mkdir -p "$STATE"
+  if docker info >/dev/null 2>&1; then
+    log "engine already running"
+    return
+  fi
+  log "starting dockerd (host networking only)"
+  $SUDO dockerd --iptables=false --ip-forward=false --ip-masq=false --bridge=none \
+    >"$STATE/dockerd.log" 2>&1 &
+  echo $! >"$STATE/dockerd.pid"
+  for _ in $(seq 1 60); do
+    docker info >/dev/null 2>&1 && return
+    sleep 0.5
+  done
+  log "dockerd did not come up:"; tail -n 30 "$STATE/dockerd.log" >&2
+  exit 1
+}
+
+base_image() {
+  if docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
+    return
+  fi
+  local root="$STATE/rootfs" mirror
+  mirror=$(debian_mirror)
+  log "building $BASE_IMAGE with debootstrap (a few minutes)"
+  $SUDO rm -rf "$root"
+  $SUDO debootstrap --variant=minbase \
+    --include=python3,python3-venv,ca-certificates,libssl3,libsasl2-2,libsasl2-modules,libqpid-proton-cpp12,libqpid-proton11,nodejs \
+    bookworm "$root" "$mirror" >"$STATE/debootstrap.log" 2>&1 || {
+      log "debootstrap failed:"; tail -n 30 "$STATE/debootstrap.log" >&2; exit 1; }
+  $SUDO tar -C "$root" -c . | docker import - "$BASE_IMAGE" >/dev/null
+  $SUDO rm -rf "$root"
+}
+
+wheels() {
+  log "building wheels"
+  rm -rf wheelhouse
+  .venv/bin/python -m pip wheel -q . -w wheelhouse
+}
+
+build() {
+  base_image
+  wheels
+  log "building $BROKER_IMAGE"
+  docker build -q --network host --build-arg BASE_IMAGE="$BASE_IMAGE" -t "$BROKER_IMAGE" . >/dev/null
+  if [ -f interop/Dockerfile ]; then
+    log "building $INTEROP_IMAGE"
+    docker build -q --network host --build-arg BASE_IMAGE="$BASE_IMAGE" -f interop/Dockerfile \
+      -t "$INTEROP_IMAGE" . >/dev/null
+  fi
+}
+
+engine_down() {
+  if docker info >/dev/null 2>&1; then
+    local ids
+    ids=$(docker ps -aq || true)
+    [ -n "$ids" ] && docker rm -f $ids >/dev/null 2>&1 || true
+  fi
+  if [ -f "$STATE/dockerd.pid" ]; then
+    $SUDO kill "$(cat "$STATE/dockerd.pid")" 2>/dev/null || true
+    for _ in $(seq 1 40); do
+      $SUDO kill -0 "$(cat "$STATE/dockerd.pid")" 2>/dev/null || break
+      sleep 0.25
+    done
+    rm -f "$STATE/dockerd.pid"
+  fi
+  if mountpoint -q /run/docker/netns/default 2>/dev/null; then
+    $SUDO umount /run/docker/netns/default || true
+  fi
+}
+
+case "${1:-}" in
+  up) engine_up ;;
+  build) build ;;
+  down) engine_down ;;
+  *) echo "usage: $0 up|build|down" >&2; exit 2 ;;
+esac
