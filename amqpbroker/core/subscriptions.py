@@ -29,8 +29,6 @@ from .terms import (
     CAP_GLOBAL,
     CAP_SHARED,
     CAP_TOPIC,
-    NO_LOCAL_DESCRIPTORS,
-    SELECTOR_DESCRIPTORS,
     ExpiryPolicy,
     SourceTerms,
 )
@@ -135,9 +133,8 @@ def reply_source_for(source: SourceTerms, shared: bool, is_global: bool) -> Sour
         caps.add(CAP_SHARED)
     if is_global:
         caps.add(CAP_GLOBAL)
-    honoured = tuple(f for f in source.filters
-                     if f.descriptor in SELECTOR_DESCRIPTORS or f.descriptor in NO_LOCAL_DESCRIPTORS)
-    return source.with_(capabilities=frozenset(caps), distribution_mode="copy", filters=honoured)
+    return source.with_(capabilities=frozenset(caps), distribution_mode="copy",
+                        filters=source.honoured_filters())
 
 
 def decide_attach(

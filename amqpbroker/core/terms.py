@@ -90,6 +90,12 @@ class SourceTerms:
     def no_local(self) -> bool:
         return self.filter_matching(NO_LOCAL_DESCRIPTORS) is not None
 
+    def honoured_filters(self) -> tuple[Filter, ...]:
+        """The filters the broker applies (JMS selector, no-local): the only ones a
+        reply source may echo (AMQP 1.0 §3.5.3: unsupported filters are left out)."""
+        return tuple(f for f in self.filters
+                     if f.descriptor in SELECTOR_DESCRIPTORS or f.descriptor in NO_LOCAL_DESCRIPTORS)
+
 
 @dataclass(frozen=True)
 class TargetTerms:

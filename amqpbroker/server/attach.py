@@ -13,8 +13,6 @@ from ..core.addresses import TEMP_PREFIX, AddressKind, AddressNotFound
 from ..core.queues import ExclusivityPolicy, LifetimePolicy, Queue
 from ..core.selectors import SelectorError, compile_selector
 from ..core.subscriptions import (
-    GLOBAL_NAMESPACE,
-    RESOURCE_LIMIT,
     RESOURCE_LOCKED,
     BindingSpec,
     Decision,
@@ -50,6 +48,11 @@ class ConsumerAttacher:
 
     def attach(self, link: Link) -> LinkConsumer:
         source = read_source(link.remote_source)
+        if source.filters:
+            from .sequence import attach_range_reader, range_filter
+            flt = range_filter(source)
+            if flt is not None:   # a log read by sequence number (server/sequence.py)
+                return attach_range_reader(self, link, source, flt)
         selector = self._selector(source)
         if source.dynamic:
             return self._attach_dynamic(link, source, selector)
@@ -87,8 +90,7 @@ class ConsumerAttacher:
         browser = source.distribution_mode == "copy"
         if queue.exclusivity is ExclusivityPolicy.LINK and queue.consumers:
             raise AttachRefused(RESOURCE_LOCKED, f"queue '{queue.name}' has an exclusive consumer")
-        reply = source.with_(filters=tuple(f for f in source.filters
-                                           if f.key and (f is _sel(source) or f is _nl(source))))
+        reply = source.with_(filters=source.honoured_filters())
         return self._open(link, reply, queue, selector, source.no_local, browser)
 
     def _attach_dynamic(self, link: Link, source: SourceTerms, selector: Any) -> LinkConsumer:
@@ -170,18 +172,6 @@ class ConsumerAttacher:
         self.handler.protocol.mark_dirty()
 
 
-def _sel(source: SourceTerms):
-    from ..core.terms import SELECTOR_DESCRIPTORS
-    return source.filter_matching(SELECTOR_DESCRIPTORS)
-
-
-def _nl(source: SourceTerms):
-    from ..core.terms import NO_LOCAL_DESCRIPTORS
-    return source.filter_matching(NO_LOCAL_DESCRIPTORS)
-
-
 def _compile_quiet(text: str | None) -> Any:
     return compile_selector(text) if text else None
 
-
-__all__ = ["AttachRefused", "ConsumerAttacher", "GLOBAL_NAMESPACE", "RESOURCE_LIMIT"]

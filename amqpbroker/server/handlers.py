@@ -15,7 +15,7 @@ from proton import Condition, Delivery, Event, Link, symbol
 from .. import PRODUCT, __version__
 from ..core.addresses import AddressKind, AddressNotFound
 from ..core.message import MalformedMessage, Message
-from ..core.queues import ExclusivityPolicy, LifetimePolicy
+from ..core.queues import LifetimePolicy
 from ..core.subscriptions import RESOURCE_LIMIT, DetachAction
 from dataclasses import replace
 
@@ -25,6 +25,7 @@ from .links import ACCEPTED, REJECTED, LinkConsumer, Producer, link_key
 from cproton import addressof, lib
 from .coordinator import TRANSACTIONAL_STATE, Coordinator, stage_ack, stage_send
 from .terminus import read_target, write_null, write_target
+from .sequence import CONTROL_ADDRESSES, RangeReader, attach_control, dedup_publish
 from ..core.terms import TargetTerms
 
 if TYPE_CHECKING:
@@ -183,6 +184,7 @@ class ConnectionHandler:
         # before the subscription table looks at consumer counts.
         self.server.steal_link(self, link)
         try:
+            self.server.access.check_attach(self, link)
             if link.is_sender:
                 endpoint = self.attacher.attach(link)
             else:
@@ -214,6 +216,8 @@ class ConnectionHandler:
         target = read_target(link.remote_target)
         if target.coordinator:
             return self._attach_coordinator(link)
+        if target.address in CONTROL_ADDRESSES:   # $amqpbroker.queue-info / $amqpbroker.ack
+            return attach_control(self, link, target)
         resolution = None
         temp_node = None
         if target.dynamic:
@@ -333,6 +337,8 @@ class ConnectionHandler:
             if endpoint in self.consumers:
                 self.consumers.remove(endpoint)
             return self._consumer_gone(endpoint, closed)
+        if endpoint.__class__ is RangeReader:
+            endpoint.close()
         return None
 
     def _consumer_gone(self, consumer: LinkConsumer, closed: bool) -> Condition | None:
@@ -358,6 +364,8 @@ class ConnectionHandler:
         endpoint = self.endpoints.get(addressof(link))
         if endpoint is not None and endpoint.__class__ is LinkConsumer:
             endpoint.on_flow()
+        elif endpoint is not None and endpoint.__class__ is RangeReader:
+            endpoint.on_flow()
 
     def on_delivery_raw(self, dlv: Any) -> None:
         endpoint = self.endpoints.get(addressof(lib.pn_delivery_link(dlv)))
@@ -374,11 +382,20 @@ class ConnectionHandler:
             if msg.durable and store.full:
                 self._reject(producer, dlv, RESOURCE_LIMIT, "message store is full")
                 return
+            if producer.target is None and self.server.access.enabled:
+                denied = self.server.access.relay_denied(self, msg)
+                if denied is not None:
+                    self._reject(producer, dlv, "amqp:unauthorized-access", denied)
+                    return
             target = producer.target or self.broker.resolve_for_relay(msg)
             if lib.pn_delivery_remote_state(dlv) == TRANSACTIONAL_STATE:
                 stage_send(self, producer, dlv, msg, target)
                 return
-            self.broker.publish(msg, target)
+            if self.server.settings.duplicate_detection:
+                if dedup_publish(self, producer, dlv, msg, target):
+                    return   # a duplicate: settled and dropped
+            else:
+                self.broker.publish(msg, target)
         except MalformedMessage as exc:
             self._reject(producer, dlv, "amqp:decode-error", str(exc))
             return
@@ -427,5 +444,3 @@ def detach_with_condition(link: Link) -> None:
 def session_key(session: Any) -> int:
     return hash(session)
 
-
-__all__ = ["ConnectionHandler", "ExclusivityPolicy", "SOLE_CONNECTION"]
