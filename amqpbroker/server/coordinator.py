@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from cproton import ffi, lib
+from cproton import lib
 from proton import Condition, Delivery, Described, Link, symbol, ulong
 
 from ..core.message import MalformedMessage, Message
@@ -55,15 +55,9 @@ class Coordinator(Producer):
             if lib.pn_delivery_aborted(dlv):
                 lib.pn_delivery_settle(dlv)
             return
-        pending = lib.pn_delivery_pending(dlv)
-        buf = bytearray(pending)
-        lib.pn_link_recv(self.impl, ffi.from_buffer(buf), pending)
-        lib.pn_link_advance(self.impl)
-        credit = lib.pn_link_credit(self.impl)
-        if credit < self.window // 2:
-            lib.pn_link_flow(self.impl, self.window - credit)
+        raw = self.take_payload(dlv, lib.pn_delivery_pending(dlv))
         try:
-            body = Message(bytes(buf)).body()
+            body = Message(raw).body()
         except MalformedMessage as exc:
             self.settle_in_order(dlv, REJECTED, Condition("amqp:decode-error", str(exc)))
             return

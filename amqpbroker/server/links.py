@@ -81,14 +81,18 @@ class LinkConsumer:
                 return False
         return True
 
-    def deliver(self, entry: Entry) -> None:
+    def _transfer(self, entry: Entry) -> Any:
+        """Send the entry's bytes as one delivery; return the raw pn_delivery_t*."""
         impl = self.impl
         self._tag += 1
-        tag = self._tag.to_bytes(8, "big")
-        dlv = lib.pn_delivery(impl, (8, ffi.from_buffer(tag)))
+        dlv = lib.pn_delivery(impl, (8, ffi.from_buffer(self._tag.to_bytes(8, "big"))))
         payload = entry.payload()
         lib.pn_link_send(impl, ffi.from_buffer(payload), len(payload))
         lib.pn_link_advance(impl)
+        return dlv
+
+    def deliver(self, entry: Entry) -> None:
+        dlv = self._transfer(entry)
         if self.presettled:
             lib.pn_delivery_settle(dlv)
             self.queue.settle(entry, Outcome.ACCEPTED)
@@ -98,13 +102,7 @@ class LinkConsumer:
 
     def deliver_copy(self, entry: Entry) -> None:
         """A browser's copy: the entry stays on the queue, outcomes are ignored."""
-        impl = self.impl
-        self._tag += 1
-        tag = self._tag.to_bytes(8, "big")
-        dlv = lib.pn_delivery(impl, (8, ffi.from_buffer(tag)))
-        payload = entry.payload()
-        lib.pn_link_send(impl, ffi.from_buffer(payload), len(payload))
-        lib.pn_link_advance(impl)
+        dlv = self._transfer(entry)
         if self.presettled:
             lib.pn_delivery_settle(dlv)
         else:
@@ -191,6 +189,10 @@ class Producer:
             return
         if lib.pn_delivery_partial(dlv):
             return
+        self.handler.receive(self, dlv, self.take_payload(dlv, pending))
+
+    def take_payload(self, dlv: Any, pending: int) -> bytes:
+        """Read a complete delivery's bytes, move on, and top the credit window up."""
         impl = self.impl
         buf = bytearray(pending)
         n = lib.pn_link_recv(impl, ffi.from_buffer(buf), pending)
@@ -198,7 +200,7 @@ class Producer:
         credit = lib.pn_link_credit(impl)
         if credit < self.window // 2:
             lib.pn_link_flow(impl, self.window - credit)
-        self.handler.receive(self, dlv, bytes(buf) if n == pending else bytes(buf[:max(n, 0)]))
+        return bytes(buf) if n == pending else bytes(buf[:max(n, 0)])
 
     def _too_large(self, dlv: Any) -> None:
         log.warning("connection %s: link '%s': message larger than %d bytes refused",
