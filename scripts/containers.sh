@@ -3,6 +3,7 @@
 #
 #   scripts/containers.sh up      install + start a Docker engine (host networking only)
 #   scripts/containers.sh build   base image (if absent), wheels, broker + interop images
+#   scripts/containers.sh compose docker-compose: the interop suite against the broker container
 #   scripts/containers.sh down    remove containers, stop the engine we started
 #
 # No image registry is reachable on the build machines: the base image is made
@@ -82,6 +83,8 @@ build() {
   log "building $BROKER_IMAGE"
   docker build -q --network host --build-arg BASE_IMAGE="$BASE_IMAGE" -t "$BROKER_IMAGE" . >/dev/null
   if [ -f interop/Dockerfile ]; then
+    bash interop/setup.sh >"$STATE/interop-setup.log" 2>&1 || {
+      log "interop/setup.sh failed:"; tail -n 30 "$STATE/interop-setup.log" >&2; exit 1; }
     log "building $INTEROP_IMAGE"
     docker build -q --network host --build-arg BASE_IMAGE="$BASE_IMAGE" -f interop/Dockerfile \
       -t "$INTEROP_IMAGE" . >/dev/null
@@ -107,9 +110,26 @@ engine_down() {
   fi
 }
 
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+compose_interop() {
+  # The whole interop suite against the broker container; the exit status is the runner's.
+  local project="amqpbroker-interop-$$" status=0
+  export AMQP_PORT MANAGEMENT_PORT BROKER_IMAGE INTEROP_IMAGE BASE_IMAGE
+  AMQP_PORT=$(free_port)
+  MANAGEMENT_PORT=$(free_port)
+  log "compose interop run (AMQP port $AMQP_PORT)"
+  docker-compose -p "$project" up --no-build --abort-on-container-exit --exit-code-from interop || status=$?
+  docker-compose -p "$project" down -v >/dev/null 2>&1 || true
+  return $status
+}
+
 case "${1:-}" in
   up) engine_up ;;
   build) build ;;
+  compose) compose_interop ;;
   down) engine_down ;;
-  *) echo "usage: $0 up|build|down" >&2; exit 2 ;;
+  *) echo "usage: $0 up|build|compose|down" >&2; exit 2 ;;
 esac
