@@ -27,10 +27,16 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     hp = sub.add_parser("hash-password", help="print a salted SCRAM-SHA-256 hash for a user's password")
     hp.add_argument("password", nargs="?", help="the password (prompted for when omitted)")
+    sub.add_parser("admin", help="manage a running broker over its management API "
+                                 "(see `amqpbroker admin --help`)", add_help=False)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["admin"]:
+        from .management.cli import main as admin_main
+        return admin_main(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "hash-password":
         from .security.users import hash_password
@@ -62,11 +68,12 @@ def serve(settings: Settings) -> int:
 
 async def _run(settings: Settings, loop: asyncio.AbstractEventLoop) -> int:
     from .server.app import BrokerServer, install_signal_handlers
+    from .store.base import StoreError
 
     try:
         server = BrokerServer(settings, loop)
         await server.start()
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, StoreError) as exc:
         log.error("cannot start: %s", exc)
         return 2
     stopped = asyncio.Event()

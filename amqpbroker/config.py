@@ -11,7 +11,7 @@ import ipaddress
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -88,6 +88,67 @@ class BindingDecl(BaseModel):
     key: str = ""
 
 
+class ManagementConfig(BaseModel):
+    """The management listener: REST API, console, /metrics (docs/operations.md)."""
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = Field(8161, ge=0, le=65535)                  # 0: a free port, logged
+    cert_file: Path | None = None                            # both set: HTTPS
+    key_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> "ManagementConfig":
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together")
+        return self
+
+
+class ExpiryPolicyDecl(BaseModel):
+    pattern: str
+    idle: float | None = None                                # seconds, or text like "7d"
+    max_backlog: int | None = Field(None, ge=0)
+    action: Literal["report", "delete"] = "report"
+    match: Literal["any", "all"] = "any"
+
+    @field_validator("idle", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> Any:
+        from .management.expiry import parse_duration
+        return None if value is None else parse_duration(value)
+
+    @model_validator(mode="after")
+    def _some_condition(self) -> "ExpiryPolicyDecl":
+        if self.idle is None and self.max_backlog is None:
+            raise ValueError("an expiry policy needs idle and/or max_backlog")
+        return self
+
+
+_PERMISSION = Literal["send", "consume", "browse", "manage", "all"]
+
+
+class AclRuleDecl(BaseModel):
+    user: str | None = None
+    group: str | None = None
+    pattern: str = "#"
+    permissions: list[_PERMISSION]
+
+    @model_validator(mode="after")
+    def _one_principal(self) -> "AclRuleDecl":
+        if (self.user is None) == (self.group is None):
+            raise ValueError("an [[acl]] rule names exactly one of user or group")
+        return self
+
+
+class AnonymousDecl(BaseModel):
+    permissions: list[_PERMISSION] = []
+    pattern: str = "#"
+
+
+class DuplicateDetectionDecl(BaseModel):
+    pattern: str                                              # fnmatch glob on the address
+    window: int = Field(100_000, ge=1)                        # ids remembered per address
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AMQPBROKER_", env_nested_delimiter="__",
                                       extra="forbid")
@@ -108,6 +169,12 @@ class Settings(BaseSettings):
     exchanges: list[ExchangeDecl] = []
     queues: list[QueueDecl] = []
     bindings: list[BindingDecl] = []
+    duplicate_detection: list[DuplicateDetectionDecl] = []
+    management: ManagementConfig = ManagementConfig()
+    expiry_policies: list[ExpiryPolicyDecl] = []
+    expiry_interval: float = Field(60.0, gt=0)               # seconds between policy runs
+    acl: list[AclRuleDecl] = []
+    anonymous: AnonymousDecl | None = None                   # permissions of the anonymous user
 
     @field_validator("log_level", mode="before")
     @classmethod

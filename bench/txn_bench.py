@@ -131,7 +131,8 @@ class TxnSession:
 def start_broker(data_dir: str) -> tuple[subprocess.Popen, int]:
     proc = subprocess.Popen([sys.executable, "-m", "amqpbroker.cli", "serve", "--port", "0",
                              "--data-dir", data_dir, "--log-level", "info"],
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, AMQPBROKER_MANAGEMENT__PORT="0"))
     for line in proc.stderr:
         m = re.search(r"amqp listening on [\d.]+:(\d+)", line)
         if m:

@@ -9,7 +9,9 @@ SUDO=""
 if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null; then SUDO="sudo"; fi
 
 need_pkgs=()
-for pkg in libssl-dev libsasl2-dev libsasl2-modules pkg-config openssl gcc python3-dev python3-venv; do
+# chromium + chromium-driver: the web console's browser tests (pytest -m browser).
+for pkg in libssl-dev libsasl2-dev libsasl2-modules pkg-config openssl gcc python3-dev python3-venv \
+           chromium chromium-driver; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_pkgs+=("$pkg")
 done
 if [ ${#need_pkgs[@]} -gt 0 ] && command -v apt-get >/dev/null; then
@@ -20,7 +22,7 @@ fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-extras=${AMQPBROKER_EXTRAS:-test}
+extras=${AMQPBROKER_EXTRAS:-test,spark}   # spark: pyspark + pyarrow for tests/spark
 .venv/bin/python -m pip install -q -e ".[${extras}]"
 # proton silently builds without TLS when OpenSSL headers are missing: fail loudly.
 .venv/bin/python -c "import proton, sys; sys.exit(0 if proton.SSL.present() else 'python-qpid-proton was built without TLS')"

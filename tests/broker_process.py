@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-LISTEN_RE = re.compile(r"(amqps?) listening on ([\d.]+):(\d+)")
+LISTEN_RE = re.compile(r"(amqps?|management) listening on ([\d.]+):(\d+)")
 
 
 class BrokerProcess:
@@ -47,6 +47,7 @@ class BrokerProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env.update(self.extra_env)
+        env.setdefault("AMQPBROKER_MANAGEMENT__PORT", "0")   # never the fixed 8161 in tests
         self.ports = {}
         self.lines = []
         self.proc = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -74,6 +75,11 @@ class BrokerProcess:
                 if m:
                     self.ports[m.group(1)] = int(m.group(3))
                 self._cond.notify_all()
+        # EOF: the process is ending; wake start() so that it sees the exit at once
+        # (not at its timeout).
+        proc.wait()
+        with self._cond:
+            self._cond.notify_all()
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
         if self.proc is None or self.proc.poll() is not None:

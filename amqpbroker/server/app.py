@@ -18,6 +18,7 @@ from ..core.message import Message, selector_lookup
 from ..core.registry import SubscriptionRegistry
 from ..core.transactions import TransactionRegistry
 from ..core.selectors import compile_selector
+from ..security.guard import AccessGuard
 from ..security.users import UserStore
 from ..store.base import Store
 from ..store.durability import DurabilityManager
@@ -86,6 +87,9 @@ class BrokerServer:
         self.metrics_auth_failures = 0
         self.connection_count = 0
         self.stopping = False
+        self.access = AccessGuard(settings)                 # ACLs ([[acl]], [anonymous])
+        from ..management.service import Operations
+        self.operations = Operations(self)                  # management API, metrics, expiry policy
 
     # ------------------------------------------------------------------ set-up
 
@@ -114,6 +118,7 @@ class BrokerServer:
         self.durability.recover(snapshot, binding_filter)
         self.durability.install()
         self._declare_configured()
+        await self.operations.start()   # before the AMQP listeners: its port is logged first
         self.listeners.append(Listener("amqp", s.host, s.port, self._sasl_policy(s.host, s.allow_anonymous),
                                        s.client_id_policy))
         if s.tls is not None:
@@ -225,6 +230,7 @@ class BrokerServer:
         """Close every connection with amqp:connection:forced, let in-flight work
         finish, then stop."""
         self.stopping = True
+        await self.operations.stop()
         for lst in self.listeners:
             if lst.server is not None:
                 lst.server.close()

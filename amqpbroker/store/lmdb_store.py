@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 import lmdb
 
+from .stats import CommitStats
 from .base import FORMAT_VERSION, EntryRecord, QueueRecord, Snapshot, Store, StoreError, StoreFull
 
 log = logging.getLogger("amqpbroker.store")
@@ -64,10 +65,14 @@ class LmdbStore(Store):
         self._read_lock = threading.Lock()
         self._inflight = 0
         self.full = False
+        # Called on the loop thread with [(queue id, seq)] of new entries a failed
+        # commit did not store (before that batch's callbacks run).
+        self.on_lost_entries: Callable[[list[tuple[int, int]]], None] | None = None
         # Statistics (metrics).
         self.commits = 0
         self.last_batch_ops = 0
         self.commit_seconds_total = 0.0
+        self.commit_stats = CommitStats()       # latency and batch-size histograms
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -82,7 +87,7 @@ class LmdbStore(Store):
         self._grow_to_fit()
         d = self._dbs = {name: self.env.open_db(name.encode()) for name in
                          ("meta", "exchanges", "queues", "seqs", "bindings", "subscriptions",
-                          "messages", "entries")}
+                          "messages", "entries", "dedup", "readers")}
         with self.env.begin(write=True) as txn:
             version = txn.get(b"format", db=d["meta"])
             if version is None:
@@ -245,6 +250,24 @@ class LmdbStore(Store):
                     n += 1
         return n
 
+    def read_last_seq(self, queue_id: int) -> int:
+        """The last sequence number committed for a queue (0: none yet)."""
+        with self._read_lock, self.env.begin() as txn:
+            raw = txn.get(_U32.pack(queue_id), db=self._dbs["seqs"])
+        return _U64.unpack(raw)[0] if raw else 0
+
+    # Small keyed records beside the broker model (duplicate-detection ids, log
+    # reader claims: server/sequence.py), written in the same batches as messages.
+    def put_record(self, db: str, key: bytes, value: bytes) -> None:
+        self._queue((META, "put", db, key, value))
+
+    def delete_record(self, db: str, key: bytes) -> None:
+        self._queue((META, "del", db, key, None))
+
+    def read_records(self, db: str) -> list[tuple[bytes, bytes]]:
+        with self._read_lock, self.env.begin() as txn:
+            return [(bytes(k), bytes(v)) for k, v in txn.cursor(db=self._dbs[db])]
+
     # ------------------------------------------------------------------ writer thread
 
     def _write_loop(self) -> None:
@@ -261,20 +284,27 @@ class LmdbStore(Store):
             direct = [op[1] for op in ops if op[0] == CALLBACK and len(op) == 3]
             error: BaseException | None = None
             started = time.perf_counter()
+            plan = _Plan(ops)
             try:
-                self._commit(ops)
+                self._commit(plan)
             except BaseException as exc:  # handed to the callbacks: producers are told
                 error = exc
                 log.error("store commit of %d operation(s) failed: %s", len(ops), exc)
             self.commits += 1
             self.last_batch_ops = len(ops)
-            self.commit_seconds_total += time.perf_counter() - started
+            elapsed = time.perf_counter() - started
+            self.commit_seconds_total += elapsed
+            self.commit_stats.observe(elapsed, len(ops))
+            if error is not None and plan.entry_new and self.on_lost_entries is not None:
+                # Before the callbacks: the broker drops these entries from its queues
+                # before producers are told their messages were rejected.
+                lost = [_ENTRY_KEY.unpack(key) for key in plan.entry_new]
+                self.loop.call_soon_threadsafe(self.on_lost_entries, lost)
             if callbacks:
                 self.loop.call_soon_threadsafe(_run_callbacks, callbacks, error)
             _run_callbacks(direct, error)
 
-    def _commit(self, ops: list[tuple]) -> None:
-        plan = _Plan(ops)
+    def _commit(self, plan: "_Plan") -> None:
         while True:
             try:
                 with self.env.begin(write=True) as txn:
@@ -286,6 +316,7 @@ class LmdbStore(Store):
                 size = self.env.info()["map_size"]
                 if size >= self.max_map_size:
                     self.full = True
+                    self._commit_removals(plan)
                     raise StoreFull(f"store map reached its maximum of {self.max_map_size} bytes")
                 size = min(size * 2, self.max_map_size)
                 with self._read_lock:
@@ -294,6 +325,18 @@ class LmdbStore(Store):
             except lmdb.DiskError as exc:
                 self.full = True
                 raise StoreFull(f"disk full: {exc}") from exc
+
+    def _commit_removals(self, plan: "_Plan") -> None:
+        """The batch does not fit: still commit what it removes (acknowledged entries,
+        dropped messages, deleted entities) and the updates of entries already stored.
+        The broker already forgot those; losing them would leak the space (the store
+        would stay full) and bring acknowledged messages back after a restart."""
+        removals = plan.removals_only()
+        try:
+            with self.env.begin(write=True) as txn:
+                removals.apply(txn, self._dbs)
+        except lmdb.Error as exc:
+            log.error("store: the removals of a batch that did not fit failed too: %s", exc)
 
     def _usage(self) -> float:
         """Share of the map in use.  Pages of every database, not `last_pgno`: that is
@@ -371,6 +414,15 @@ class _Plan:
                     self.msg_dels.add(op[1])
             elif code == META:
                 self.meta.append(op)
+
+    def removals_only(self) -> "_Plan":
+        """This batch without what takes space: new entries, messages, entity writes."""
+        plan = _Plan([])
+        plan.entry_dels = self.entry_dels
+        plan.entry_puts = {k: v for k, v in self.entry_puts.items() if k not in self.entry_new}
+        plan.msg_dels = self.msg_dels
+        plan.meta = [op for op in self.meta if op[1] != "put"]
+        return plan
 
     def apply(self, txn: lmdb.Transaction, dbs: dict) -> None:
         for _, action, db, key, val in self.meta:

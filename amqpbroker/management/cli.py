@@ -1,0 +1,263 @@
+"""`amqpbroker admin …`: the management API from the command line (httpx).
+
+Tables (rich) for people, `--json` for scripts.  Exit status: 0 done, 1 the broker
+refused (the API's error is printed), 2 usage error, 3 broker unreachable.
+
+    amqpbroker admin queues
+    amqpbroker admin subscriptions --abandoned --idle 7d
+    amqpbroker admin delete-subscription orders-audit --namespace billing-app --force
+    amqpbroker admin --url https://broker:8161 --user admin close-connection 12
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import sys
+import time
+from typing import Any, Callable
+from urllib.parse import quote
+
+from .expiry import format_duration, parse_duration
+
+DEFAULT_URL = "http://127.0.0.1:8161"
+
+
+# ---------------------------------------------------------------------- formatting (pure)
+
+def _ago(epoch: float | None, now: float) -> str:
+    return "never" if epoch is None else f"{format_duration(now - epoch)} ago"
+
+
+def _bytes(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def _kind(s: dict) -> str:
+    parts = ["durable" if s["durable"] else "non-durable"]
+    if s["shared"]:
+        parts.append("shared")
+    if s["global"]:
+        parts.append("global")
+    return ", ".join(parts)
+
+
+Columns = list[str]
+Rows = list[list[str]]
+
+
+def table_for(command: str, data: list[dict], now: float | None = None) -> tuple[Columns, Rows]:
+    """Column titles and cell texts for a listing command."""
+    now = time.time() if now is None else now
+    if command == "queues":
+        cols = ["name", "depth", "bytes", "consumers", "in/s", "out/s", "enqueued", "delivered", "acked",
+                "last delivered"]
+        rows = [[q["name"], str(q["depth"]), _bytes(q["bytes"]), str(q["consumers"]),
+                 f"{q['enqueue_rate']:.1f}", f"{q['ack_rate']:.1f}", str(q["enqueued_total"]),
+                 str(q["delivered_total"]), str(q["acked_total"]), _ago(q["last_delivered_at"], now)]
+                for q in data]
+    elif command == "exchanges":
+        cols = ["name", "type", "durable", "built-in", "bindings"]
+        rows = [[e["name"], e["type"], _yes(e["durable"]), _yes(e["builtin"]), str(e["bindings"])]
+                for e in data]
+    elif command == "bindings":
+        cols = ["exchange", "key", "queue", "selector", "no-local"]
+        rows = [[b["exchange"], b["key"], b["queue"], b["selector"] or "", _yes(b["no_local"])]
+                for b in data]
+    elif command == "subscriptions":
+        cols = ["name", "namespace", "topic", "selector", "kind", "consumers", "pending", "bytes",
+                "created", "last delivered", "last consumer", "abandoned"]
+        rows = [[s["name"], s["namespace"], s["topic"], s["selector"] or "", _kind(s),
+                 str(s["consumers"]), str(s["pending"]), _bytes(s["pending_bytes"]),
+                 _ago(s["created_at"], now), _ago(s["last_delivered_at"], now),
+                 _ago(s["last_consumer_at"], now), "ABANDONED" if s["abandoned"] else ""] for s in data]
+    elif command == "connections":
+        cols = ["id", "container-id", "user", "remote address", "listener", "sessions", "links"]
+        rows = [[str(c["id"]), c["container_id"] or "", c["user"] or "", c["remote_address"],
+                 c["listener"], str(c["sessions"]), str(c["links"])] for c in data]
+    else:
+        raise ValueError(f"no table for '{command}'")
+    return cols, rows
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def print_table(command: str, data: list[dict], out: Any = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    cols, rows = table_for(command, data)
+    out = out or sys.stdout
+    tty = getattr(out, "isatty", lambda: False)()
+    # A pipe or file gets the whole table (no folding at 80 columns).
+    console = Console(file=out, soft_wrap=False, width=None if tty else 250)
+    table = Table(title=f"{command} ({len(rows)})", title_justify="left")
+    numeric = {"depth", "bytes", "consumers", "in/s", "out/s", "enqueued", "delivered", "acked",
+               "bindings", "pending", "sessions", "links", "id"}
+    for col in cols:
+        table.add_column(col, justify="right" if col in numeric else "left", overflow="fold")
+    for row, item in zip(rows, data):
+        style = "bold yellow" if command == "subscriptions" and item.get("abandoned") else None
+        table.add_row(*row, style=style)
+    console.print(table)
+
+
+# ---------------------------------------------------------------------- command line
+
+def _parser() -> argparse.ArgumentParser:
+    # In the sub-commands the defaults are SUPPRESS so options given before the
+    # command are not reset by the sub-parser.
+    def add_common(p: argparse.ArgumentParser, top: bool) -> None:
+        d = (lambda v: v) if top else (lambda v: argparse.SUPPRESS)
+        p.add_argument("--url", default=d(os.environ.get("AMQPBROKER_ADMIN_URL", DEFAULT_URL)),
+                       help=f"management API address (default $AMQPBROKER_ADMIN_URL or {DEFAULT_URL})")
+        p.add_argument("--user", default=d(os.environ.get("AMQPBROKER_ADMIN_USER")),
+                       help="user for HTTP basic authentication (default $AMQPBROKER_ADMIN_USER)")
+        p.add_argument("--password", default=d(os.environ.get("AMQPBROKER_ADMIN_PASSWORD")),
+                       help="password (default $AMQPBROKER_ADMIN_PASSWORD; prompted when a user is given)")
+        p.add_argument("--json", action="store_true", default=d(False), help="print JSON, for scripts")
+        p.add_argument("--timeout", type=float, default=d(10.0), help="seconds (default 10)")
+        p.add_argument("--cacert", default=d(None), help="CA certificate for an https URL")
+        p.add_argument("--insecure", action="store_true", default=d(False),
+                       help="do not verify the server certificate")
+
+    p = argparse.ArgumentParser(prog="amqpbroker admin", description="Manage a running amqpbroker.")
+    add_common(p, True)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def cmd(name: str, help: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help)
+        add_common(sp, False)
+        return sp
+
+    cmd("queues", "list queues: depth, bytes, consumers, rates and totals")
+    cmd("exchanges", "list exchanges")
+    cmd("bindings", "list bindings")
+    sp = cmd("subscriptions", "list subscriptions (the abandoned-subscription report with --abandoned)")
+    sp.add_argument("--abandoned", action="store_true", help="only subscriptions without a consumer for --idle")
+    sp.add_argument("--idle", default="7d", help="idle time that makes a durable subscription abandoned "
+                                                 "(default 7d; e.g. 90s, 12h, 2w)")
+    cmd("connections", "list AMQP connections")
+    sp = cmd("purge", "remove the ready messages of a queue")
+    sp.add_argument("queue")
+    sp = cmd("delete-subscription", "delete a subscription and its backlog (admin unsubscribe)")
+    sp.add_argument("name")
+    sp.add_argument("--namespace", help="the client-id, or _global_ (needed when the name is ambiguous)")
+    dur = sp.add_mutually_exclusive_group()
+    dur.add_argument("--durable", dest="durable", action="store_const", const=True, default=None)
+    dur.add_argument("--non-durable", dest="durable", action="store_const", const=False)
+    sp.add_argument("--force", action="store_true",
+                    help="detach attached consumers (amqp:resource-deleted) instead of refusing")
+    sp = cmd("close-connection", "close a connection with amqp:connection:forced")
+    sp.add_argument("id", type=int)
+    return p
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class Client:
+    def __init__(self, args: argparse.Namespace):
+        import httpx
+
+        auth = None
+        if args.user:
+            password = args.password
+            if password is None:
+                password = getpass.getpass(f"password for {args.user}: ") if sys.stdin.isatty() else ""
+            auth = (args.user, password)
+        verify: Any = True
+        if args.insecure:
+            verify = False
+        elif args.cacert:
+            import ssl
+            verify = ssl.create_default_context(cafile=args.cacert)
+        self.http = httpx.Client(base_url=args.url.rstrip("/"), auth=auth, timeout=args.timeout, verify=verify)
+
+    def call(self, method: str, path: str, **params: Any) -> Any:
+        query = {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in params.items() if v is not None}
+        resp = self.http.request(method, path, params=query)
+        try:
+            body = resp.json()
+        except ValueError:
+            body = None
+        if resp.status_code >= 400:
+            message = body.get("error") if isinstance(body, dict) else None
+            raise ApiError(resp.status_code, message or f"HTTP {resp.status_code} {resp.reason_phrase}")
+        return body
+
+
+def run(args: argparse.Namespace, client: Client, out: Any) -> int:
+    c = args.command
+    listing: dict[str, Callable[[], Any]] = {
+        "queues": lambda: client.call("GET", "/api/queues"),
+        "exchanges": lambda: client.call("GET", "/api/exchanges"),
+        "bindings": lambda: client.call("GET", "/api/bindings"),
+        "connections": lambda: client.call("GET", "/api/connections"),
+        "subscriptions": lambda: client.call("GET", "/api/subscriptions", idle=args.idle,
+                                             abandoned=args.abandoned),
+    }
+    if c in listing:
+        data = listing[c]()
+        if args.json:
+            print(json.dumps(data, indent=2), file=out)
+        else:
+            print_table(c, data, out)
+        return 0
+    if c == "purge":
+        result = client.call("POST", f"/api/queues/{quote(args.queue, safe='')}/purge")
+        message = f"purged {result['purged']} message(s) from '{args.queue}'"
+    elif c == "delete-subscription":
+        result = client.call("DELETE", f"/api/subscriptions/{quote(args.name, safe='')}",
+                             namespace=args.namespace, durable=args.durable, force=args.force or None)
+        message = (f"deleted subscription '{result['name']}' (namespace {result['namespace']}): "
+                   f"{result['pending']} pending message(s) dropped"
+                   + (f", {result['consumers_detached']} consumer(s) detached"
+                      if result.get("consumers_detached") else ""))
+    elif c == "close-connection":
+        result = client.call("DELETE", f"/api/connections/{args.id}")
+        message = (f"closed connection {result['id']} (container {result['container_id']}, "
+                   f"{result['remote_address']})")
+    else:  # argparse prevents this
+        raise ValueError(c)
+    print(json.dumps(result, indent=2) if args.json else message, file=out)
+    return 0
+
+
+def main(argv: list[str] | None = None, out: Any = None) -> int:
+    args = _parser().parse_args(argv)
+    out = out or sys.stdout
+    if args.command == "subscriptions":
+        try:
+            parse_duration(args.idle)
+        except ValueError as exc:
+            print(f"amqpbroker admin: --idle: {exc}", file=sys.stderr)
+            return 2
+    import httpx
+
+    try:
+        client = Client(args)
+        return run(args, client, out)
+    except ApiError as exc:
+        print(f"amqpbroker admin: {exc.message} (HTTP {exc.status})", file=sys.stderr)
+        return 1
+    except httpx.HTTPError as exc:
+        print(f"amqpbroker admin: cannot reach the broker at {args.url}: {exc}", file=sys.stderr)
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

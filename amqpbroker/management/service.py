@@ -1,0 +1,157 @@
+"""Operations running inside the broker: the management listener (FastAPI on
+uvicorn, on the broker's own asyncio loop), the rate sampler and the idle-expiry
+policy runner.  Started by `BrokerServer.start`, stopped by `BrokerServer.stop`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..config import is_loopback
+from .admin import Admin, AdminError
+from .expiry import DELETE, ExpiryAction, ExpiryRule, ExpiryTracker, evaluate
+
+if TYPE_CHECKING:
+    from ..server.app import BrokerServer
+
+log = logging.getLogger("amqpbroker.management")
+
+RATE_INTERVAL = 5.0
+
+
+class Operations:
+    def __init__(self, server: "BrokerServer", clock: Callable[[], float] = time.time):
+        self.server = server
+        self.settings = server.settings
+        self.clock = clock
+        self.admin = Admin(server, clock)
+        self.expiry_rules = [ExpiryRule(p.pattern, p.idle, p.max_backlog, p.action, p.match)
+                             for p in self.settings.expiry_policies]
+        self.expiry_tracker = ExpiryTracker()
+        self.expiry_actions: dict[str, int] = {}        # action → count (metrics)
+        self.auth_failures = 0                          # management HTTP basic failures
+        self.host: str | None = None
+        self.port: int | None = None
+        self._http: Any = None
+        self._http_task: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        loop = self.server.loop
+        if self.settings.management.enabled:
+            await self._start_http()
+        self._tasks.append(loop.create_task(self._every(RATE_INTERVAL, self.admin.sample_rates)))
+        if self.expiry_rules:
+            self._tasks.append(loop.create_task(self._every(self.settings.expiry_interval,
+                                                            self.run_expiry)))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        if self._http is not None:
+            self._http.should_exit = True
+            try:
+                await asyncio.wait_for(self._http_task, 5.0)
+            except (asyncio.TimeoutError, Exception):  # noqa: BLE001 — shutting down regardless
+                self._http_task.cancel()
+            self._http = None
+
+    async def _every(self, interval: float, fn: Callable[[], Any]) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                fn()
+            except Exception:  # a bad run must not end the periodic task
+                log.exception("periodic %s failed", getattr(fn, "__name__", fn))
+
+    # ------------------------------------------------------------------ HTTP
+
+    async def _start_http(self) -> None:
+        import uvicorn
+
+        from .api import build_app
+
+        m = self.settings.management
+        family = socket.AF_INET6 if ":" in m.host else socket.AF_INET
+        try:
+            sock = socket.create_server((m.host, m.port), family=family, backlog=128)
+        except OSError as exc:
+            raise OSError(f"management listener on {m.host}:{m.port}: {exc.strerror or exc}") from None
+        sock.setblocking(False)
+        config = uvicorn.Config(
+            build_app(self), loop="none", lifespan="off", log_config=None, access_log=False,
+            ws="none", server_header=False, timeout_graceful_shutdown=2,
+            ssl_certfile=str(m.cert_file) if m.cert_file else None,
+            ssl_keyfile=str(m.key_file) if m.key_file else None)
+        server = _EmbeddedServer(config)
+        self._http = server
+        self._http_task = self.server.loop.create_task(server.serve(sockets=[sock]))
+        while not server.started:
+            if self._http_task.done():
+                exc = self._http_task.exception()
+                raise OSError(f"management listener failed to start: {exc}")
+            await asyncio.sleep(0.005)
+        self.host, self.port = m.host, sock.getsockname()[1]
+        log.info("management listening on %s:%d (%s)", self.host, self.port,
+                 "https" if m.cert_file else "http")
+        if not self.server.access.enabled and not is_loopback(m.host):
+            log.warning("management API on %s without access control ([[acl]]): it answers "
+                        "loopback clients only", m.host)
+
+    # ------------------------------------------------------------------ expiry policy
+
+    def run_expiry(self, now: float | None = None) -> list[ExpiryAction]:
+        """Evaluate every durable subscription against the policies; log, count and
+        (action delete) remove.  Returns the actions carried out this run."""
+        now = self.clock() if now is None else now
+        admin = self.admin
+        subs = {admin.subscription_state(s).ident: s for s in list(admin.registry.by_queue.values())
+                if s.durable}
+        states = [admin.subscription_state(s) for s in subs.values()]
+        done = []
+        for act in self.expiry_tracker.due(evaluate(self.expiry_rules, states, now)):
+            if act.action == DELETE:
+                sub = subs[act.sub.ident]
+                try:
+                    admin.delete_subscription(act.sub.name, act.sub.namespace, True,
+                                              reason=f"expiry policy '{act.rule.pattern}'")
+                except AdminError as exc:
+                    log.warning("expiry policy: could not delete subscription '%s': %s",
+                                sub.key.name if sub.key else sub.queue_name, exc.message)
+                    continue
+                log.warning("expiry policy: deleted %s", act.describe())
+            else:
+                log.warning("expiry policy: abandoned %s", act.describe())
+            self.expiry_actions[act.action] = self.expiry_actions.get(act.action, 0) + 1
+            done.append(act)
+        return done
+
+
+def _embedded_server_class() -> type:
+    import uvicorn
+
+    class EmbeddedServer(uvicorn.Server):
+        """uvicorn on a loop it does not own: the broker handles the signals."""
+
+        @contextlib.contextmanager
+        def capture_signals(self):  # type: ignore[override]
+            yield
+
+        def install_signal_handlers(self) -> None:  # older uvicorn releases
+            pass
+
+    return EmbeddedServer
+
+
+def _EmbeddedServer(config: Any) -> Any:
+    return _embedded_server_class()(config)

@@ -1,0 +1,166 @@
+"""The web console in a real headless browser (Debian's chromium + chromedriver,
+driven by selenium): it shows a subscription a python-qpid-proton client made,
+highlights it as abandoned, and deletes it through the UI; the broker agrees."""
+
+from __future__ import annotations
+
+import shutil
+import time
+import uuid
+
+import httpx
+import pytest
+from proton import Message
+from proton.utils import LinkDetached
+
+from tests.client import connect
+from tests.e2e.jms_links import detach, null_source_attach, shared_consumer
+
+pytestmark = [pytest.mark.browser, pytest.mark.e2e]
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+         "--window-size=1400,1000"]
+
+
+@pytest.fixture(scope="module")
+def driver():
+    if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
+        pytest.fail("chromium and chromium-driver are needed (scripts/setup.sh installs them)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in FLAGS:
+        options.add_argument(flag)
+    drv = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    drv.set_page_load_timeout(30)
+    yield drv
+    drv.quit()
+
+
+def uniq(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def wait_for(predicate, timeout: float = 15.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = predicate()
+        except Exception:  # noqa: BLE001 — the DOM is being replaced under us: try again
+            value = None
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def row(driver, table: str, name: str):
+    from selenium.webdriver.common.by import By
+    rows = driver.find_elements(By.CSS_SELECTOR, f"#{table} tbody tr")
+    return next((r for r in rows if r.get_attribute("data-name") == name), None)
+
+
+def click_and_confirm(driver, element) -> str:
+    element.click()
+    alert = wait_for(lambda: _alert(driver), what="the confirm dialog")
+    text = alert.text
+    alert.accept()
+    return text
+
+
+def _alert(driver):
+    from selenium.common.exceptions import NoAlertPresentException
+    try:
+        return driver.switch_to.alert
+    except NoAlertPresentException:
+        return None
+
+
+def test_console_deletes_an_abandoned_subscription(broker, driver):
+    from selenium.webdriver.common.by import By
+
+    mgmt = f"http://127.0.0.1:{broker.ports['management']}"
+    topic, sub, cid = uniq("t"), uniq("console-sub"), uniq("console-app")
+    conn = connect(broker.url, container_id=cid)
+    consumer = shared_consumer(conn, f"amq.topic/{topic}", sub, credit=0)
+    publisher = connect(broker.url, container_id=uniq("pub"))
+    publisher.create_sender(f"amq.topic/{topic}").send(Message(body="pending"))
+    publisher.close()
+
+    driver.get(mgmt + "/")
+    assert driver.title == "amqpbroker console"
+    tr = wait_for(lambda: row(driver, "subscriptions", sub), what="the subscription row")
+    cells = [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+    assert cells[1] == cid and cells[2] == f"amq.topic/{topic}" and cells[5] == "1" and cells[6] == "1"
+    assert "abandoned" not in tr.get_attribute("class")
+    wait_for(lambda: any(r.get_attribute("data-container") == cid
+                         for r in driver.find_elements(By.CSS_SELECTOR, "#connections tbody tr")),
+             what="the connection row")
+
+    # The consumer goes away; with "abandoned after 0s" the row is highlighted.
+    assert detach(conn, consumer) is None
+    idle = driver.find_element(By.ID, "idle")
+    idle.clear()
+    idle.send_keys("0s")
+    driver.execute_script("document.getElementById('idle').dispatchEvent(new Event('change'))")
+    tr = wait_for(lambda: (r := row(driver, "subscriptions", sub)) is not None
+                  and "abandoned" in r.get_attribute("class") and r, what="the abandoned highlight")
+
+    text = click_and_confirm(driver, tr.find_element(By.CSS_SELECTOR, "button.delete"))
+    assert sub in text and "1 pending message" in text
+    wait_for(lambda: row(driver, "subscriptions", sub) is None, what="the row to go")
+    assert not driver.find_element(By.ID, "error").is_displayed()
+
+    subs = httpx.get(mgmt + "/api/subscriptions", timeout=10).json()
+    assert sub not in [s["name"] for s in subs]
+    with pytest.raises(LinkDetached) as lookup:
+        null_source_attach(conn, sub)
+    assert "amqp:not-found" in str(lookup.value)
+    conn.close()
+
+
+def test_console_purges_a_queue_and_refreshes_live(broker, driver):
+    from selenium.webdriver.common.by import By
+
+    mgmt = f"http://127.0.0.1:{broker.ports['management']}"
+    q = uniq("console-q")
+    driver.get(mgmt + "/console/")
+    conn = connect(broker.url, container_id=uniq("c"))
+    snd = conn.create_sender(q)
+    for i in range(3):
+        snd.send(Message(body=i))
+    # No reload: the 2 s poll brings the new queue in.
+    tr = wait_for(lambda: (r := row(driver, "queues", q)) is not None
+                  and r.find_elements(By.TAG_NAME, "td")[1].text == "3" and r, what="the queue row")
+    click_and_confirm(driver, tr.find_element(By.CSS_SELECTOR, "button.purge"))
+    wait_for(lambda: httpx.get(f"{mgmt}/api/queues/{q}", timeout=10).json()["depth"] == 0, what="the purge")
+    wait_for(lambda: row(driver, "queues", q).find_elements(By.TAG_NAME, "td")[1].text == "0",
+             what="the refreshed depth")
+    conn.close()
+
+
+def test_console_shows_api_errors(broker, driver):
+    from selenium.webdriver.common.by import By
+
+    mgmt = f"http://127.0.0.1:{broker.ports['management']}"
+    topic, sub, cid = uniq("t"), uniq("busy-sub"), uniq("busy-app")
+    conn = connect(broker.url, container_id=cid)
+    shared_consumer(conn, f"amq.topic/{topic}", sub, credit=0)
+    driver.get(mgmt + "/console/")
+    tr = wait_for(lambda: row(driver, "subscriptions", sub), what="the subscription row")
+    tr.find_element(By.CSS_SELECTOR, "button.delete").click()
+    wait_for(lambda: _alert(driver), what="confirm").accept()
+    second = wait_for(lambda: _alert(driver), what="the force question")
+    assert "consumer(s) attached" in second.text
+    second.dismiss()
+    error = wait_for(lambda: (e := driver.find_element(By.ID, "error")).is_displayed() and e,
+                     what="the error box")
+    assert "consumer(s) attached" in error.text
+    assert sub in [s["name"] for s in httpx.get(mgmt + "/api/subscriptions", timeout=10).json()]
+    conn.close()
