@@ -89,6 +89,7 @@ static struct {
   uint64_t window;
   int credit;
   bool durable;
+  bool terminus_durable; /* terminus durability "configuration" (RabbitMQ: durable queue) */
   double rate;
   double timeout_s;
   bool fanout;
@@ -361,6 +362,7 @@ static void open_link(conn_ctx_t *c) {
     snprintf(name, sizeof name, "loadgen-sender-%d", c->idx);
     pn_link_t *l = pn_sender(s, name);
     pn_terminus_set_address(pn_link_target(l), g.address);
+    if (g.terminus_durable) pn_terminus_set_durability(pn_link_target(l), PN_CONFIGURATION);
     pn_link_set_snd_settle_mode(l, PN_SND_UNSETTLED);
     pn_link_set_rcv_settle_mode(l, PN_RCV_FIRST);
     pn_link_open(l);
@@ -369,6 +371,7 @@ static void open_link(conn_ctx_t *c) {
     snprintf(name, sizeof name, "loadgen-receiver-%d", c->idx);
     pn_link_t *l = pn_receiver(s, name);
     pn_terminus_set_address(pn_link_source(l), g.recv_address);
+    if (g.terminus_durable) pn_terminus_set_durability(pn_link_source(l), PN_CONFIGURATION);
     pn_link_set_snd_settle_mode(l, PN_SND_UNSETTLED);
     pn_link_set_rcv_settle_mode(l, PN_RCV_FIRST);
     pn_link_open(l);
@@ -582,6 +585,8 @@ static void usage(const char *prog) {
           "  --window W              max unsettled deliveries in flight per sender (default 1000)\n"
           "  --credit C              link credit each receiver grants (default 1000)\n"
           "  --durable               mark messages durable\n"
+          "  --terminus-durable      terminus durability configuration on both links\n"
+          "                          (RabbitMQ declares /queue/NAME durable)\n"
           "  --rate R                pace the senders to R msgs/s in total\n"
           "  --fanout                receivers each get every message (topic): expect N*K\n"
           "  --start-delay MS        wait MS after all receivers attached before sending\n"
@@ -689,6 +694,7 @@ int main(int argc, char **argv) {
       {"senders", required_argument, 0, 'S'},   {"receivers", required_argument, 0, 'R'},
       {"window", required_argument, 0, 'w'},    {"credit", required_argument, 0, 'c'},
       {"durable", no_argument, 0, 'd'},         {"rate", required_argument, 0, 'r'},
+      {"terminus-durable", no_argument, 0, 'Q'},
       {"timeout", required_argument, 0, 't'},   {"fanout", no_argument, 0, 'f'},
       {"user", required_argument, 0, 'U'},      {"password", required_argument, 0, 'P'},
       {"threads", required_argument, 0, 'T'},   {"start-delay", required_argument, 0, 'D'},
@@ -707,6 +713,7 @@ int main(int argc, char **argv) {
     case 'w': g.window = strtoull(optarg, NULL, 10); break;
     case 'c': g.credit = atoi(optarg); break;
     case 'd': g.durable = true; break;
+    case 'Q': g.terminus_durable = true; break;
     case 'r': g.rate = atof(optarg); break;
     case 't': g.timeout_s = atof(optarg); break;
     case 'f': g.fanout = true; break;
@@ -774,6 +781,7 @@ int main(int argc, char **argv) {
     pn_proactor_connect2(g.proactor, c->conn, t, addr);
   }
   pn_proactor_set_timeout(g.proactor, 20);
+  if (g.receivers == 0) maybe_ready(); /* no receiver to wait for: senders go at once */
 
   pthread_t *th = calloc((size_t)g.threads, sizeof(pthread_t));
   for (int i = 1; i < g.threads; ++i) pthread_create(&th[i], NULL, run_loop, NULL);

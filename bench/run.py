@@ -254,7 +254,8 @@ class AmqpBroker(Broker):
             "--data-dir", str(data),
             "--log-level", "warning",
         ]
-        self._spawn(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        # The management listener on a free port: the fixed 8161 may be taken.
+        self._spawn(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1", AMQPBROKER_MANAGEMENT__PORT="0"))
         self._wait_port(self.args.start_timeout)
 
     def topic_address(self, key: str) -> str:
@@ -445,6 +446,10 @@ def run_loadgen(broker: Broker, scenario: str, rep: int, args: argparse.Namespac
         cmd += ["--rate", str(p["rate"])]
     if args.durable:
         cmd.append("--durable")
+        if broker.name == "rabbitmq" and p["kind"] == "queue":
+            # RabbitMQ declares /queue/NAME durable only for a durable terminus; in a
+            # non-durable queue it keeps persistent messages in memory.
+            cmd.append("--terminus-durable")
 
     result: dict = {"scenario": scenario, "broker": broker.name, "rep": rep, "cmd": cmd}
     cpu0 = broker.cpu_seconds()

@@ -494,6 +494,40 @@ class Queue:
             self._drop(entry)
         return len(removed)
 
+    def discard(self, seqs: set[int]) -> int:
+        """Remove the waiting (ready or scheduled) entries with these sequence numbers:
+        the store could not keep them and their producers are told so."""
+        removed = [e for e in self._ready if e.seq in seqs]
+        for entry in removed:
+            self._ready.remove(entry)
+        if self._delayed:
+            later = [e for _, s, e in self._delayed if s in seqs]
+            if later:
+                self._delayed = [d for d in self._delayed if d[1] not in seqs]
+                heapq.heapify(self._delayed)
+                removed += later
+        for entry in removed:
+            self._drop(entry)
+        return len(removed)
+
+    def remove_below(self, seq: int) -> int:
+        """Acknowledge by sequence (a log reader's `ack-below`): remove every ready
+        and scheduled entry with a sequence number below `seq`.  Entries acquired by
+        a consumer stay with it.  The durability hook deletes their store entries."""
+        removed = []
+        for level in self._ready._levels:
+            while level and level[0].seq < seq:
+                removed.append(level.popleft())
+        self._ready._count -= len(removed)
+        if any(e.seq < seq for _, _, e in self._delayed):
+            removed += [e for _, _, e in self._delayed if e.seq < seq]
+            self._delayed = [d for d in self._delayed if d[2].seq >= seq]
+            heapq.heapify(self._delayed)
+        for entry in sorted(removed, key=lambda e: e.seq):
+            self.acked_total += 1
+            self._drop(entry)
+        return len(removed)
+
     def entries(self) -> list[Entry]:
         """Ready entries in delivery order (browsing, management)."""
         return list(self._ready)

@@ -51,6 +51,7 @@ class AmqpProtocol(asyncio.Protocol):
         self._timer_at = 0.0
         self._dirty = False
         self._hs_timer: asyncio.TimerHandle | None = None
+        self._store_hold = False   # output waits for a store commit (hold_for_store)
 
     # ------------------------------------------------------------------ socket events
 
@@ -208,12 +209,25 @@ class AmqpProtocol(asyncio.Protocol):
             self.server.dirty.append(self)
             self.server.flush_soon()
 
+    def hold_for_store(self) -> None:
+        """Durable deliveries went into the transport: keep the output off the socket
+        until the store has committed what was queued so far (their "delivered"
+        marks), so that a message a consumer has seen comes back marked redelivered
+        after a crash (delivery-count + 1), never as a first delivery."""
+        if not self._store_hold and self.server.store.persistent:
+            self._store_hold = True
+            self.server.store.after_commit(self._store_committed)
+
+    def _store_committed(self, error: BaseException | None) -> None:
+        self._store_hold = False
+        self.mark_dirty()
+
     def flush(self) -> None:
         """Move pending transport output to the socket and re-arm the timer."""
         self._dirty = False
         t = self.transport
-        if t is None or self.sock is None:
-            return
+        if t is None or self.sock is None or self._store_hold:
+            return  # held: _store_committed flushes
         if self.collector.peek() is not None:
             self._process()
             self._dirty = False

@@ -93,6 +93,8 @@ class LinkConsumer:
 
     def deliver(self, entry: Entry) -> None:
         dlv = self._transfer(entry)
+        if entry.store_ref is not None:
+            self.handler.protocol.hold_for_store()   # "delivered" on disk before it is seen
         if self.presettled:
             lib.pn_delivery_settle(dlv)
             self.queue.settle(entry, Outcome.ACCEPTED)

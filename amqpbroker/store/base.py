@@ -104,6 +104,16 @@ class Store:
     def read_entries(self, queue_id: int, after_seq: int, limit: int) -> list[EntryRecord]:
         return []
 
+    def read_last_seq(self, queue_id: int) -> int:
+        return 0
+
+    # ---- small keyed records ("dedup", "readers"; server/sequence.py)
+    def put_record(self, db: str, key: bytes, value: bytes) -> None: ...
+    def delete_record(self, db: str, key: bytes) -> None: ...
+
+    def read_records(self, db: str) -> list[tuple[bytes, bytes]]:
+        return []
+
     # ---- commits
     def after_commit(self, callback: Callable[[BaseException | None], None]) -> None:
         callback(None)

@@ -47,6 +47,20 @@ class DurabilityManager:
         b.on_binding_changed = self._binding_changed
         self.registry.on_saved = self._subscription_saved
         self.registry.on_deleted = lambda sub: self.store.delete_subscription(sub.queue_name)
+        self.store.on_lost_entries = self._entries_lost
+
+    def _entries_lost(self, lost: list[tuple[int, int]]) -> None:
+        """A commit failed (store full): its new entries are not on disk and their
+        producers are about to be told Rejected, so they leave the queues rather than
+        be delivered.  (One already handed to a consumer stays with it.)"""
+        by_queue: dict[int, set[int]] = {}
+        for queue_id, seq in lost:
+            by_queue.setdefault(queue_id, set()).add(seq)
+        for queue in list(self.broker.queues.values()):
+            seqs = by_queue.get(queue.store_id) if queue.store_id is not None else None
+            if seqs:
+                n = queue.discard(seqs)
+                log.warning("queue %s: %d message(s) not stored (store full) removed", queue.name, n)
 
     def _queue_declared(self, queue: Queue) -> None:
         if not queue.durable:
@@ -98,6 +112,7 @@ class DurabilityManager:
         else:  # the same message in another durable queue: one body, one more reference
             self.refs[msg.store_id] = self.refs.get(msg.store_id, 1) + 1
         entry.store_ref = msg.store_id
+        entry.size = _shared(entry.size)   # outlives the body once the entry is paged out
         store.put_entry(queue.store_id, _record(entry, False))
 
     def _entry_removed(self, queue: Queue, entry: Entry) -> None:
@@ -193,7 +208,7 @@ class DurabilityManager:
                 else:
                     self._seen.add(mid)
                 if budget and queue.mem_bytes + rec.size > budget:
-                    entry = Entry.paged(rec.seq, mid, size=rec.size, priority=rec.priority,
+                    entry = Entry.paged(rec.seq, mid, size=_shared(rec.size), priority=rec.priority,
                                         delivery_count=rec.delivery_count, expires_at=rec.expires_at,
                                         deliver_at=rec.deliver_at, group=rec.group)
                 else:
@@ -212,6 +227,20 @@ class DurabilityManager:
                     entry.store_ref = mid
                 queue.restore(entry)
                 self.recovered_messages += 1
+
+
+_SHARED: dict[int, int] = {}
+
+
+def _shared(n: int) -> int:
+    """One int object per message size (bounded memory): a paged-out entry keeps its
+    size, and 1M entries of one size need not hold 1M equal ints (32 bytes each)."""
+    s = _SHARED.get(n)
+    if s is None:
+        if len(_SHARED) >= 65536:
+            return n
+        _SHARED[n] = s = n
+    return s
 
 
 def _record(entry: Entry, delivered: bool) -> EntryRecord:
