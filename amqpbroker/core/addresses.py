@@ -16,6 +16,7 @@ from typing import Callable
 
 
 TEMP_PREFIX = "amqpbroker.temp-"   # names of dynamic (temporary) nodes
+RESERVED_PREFIX = "$amqpbroker."    # control addresses (queue-info, ack-below)
 
 
 class AddressKind(str, enum.Enum):
@@ -71,6 +72,9 @@ def resolve(
     if address.startswith(TEMP_PREFIX):
         # A temporary node that is gone stays gone: never re-created on demand.
         raise AddressNotFound(address, f"temporary node '{address}' no longer exists")
+    if address.startswith(RESERVED_PREFIX):
+        # Broker control addresses are links of their own, never queues.
+        raise AddressNotFound(address, f"'{address}' is a broker control address")
     if topic:
         return Resolution(AddressKind.EXCHANGE, topic_exchange, address)
     if auto_create:

@@ -25,7 +25,7 @@ import struct
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from cproton import addressof, ffi, lib
+from cproton import ffi, lib
 from proton import Condition, Link, ulong
 
 from ..core.addresses import AddressKind, AddressNotFound, Resolution
@@ -479,4 +479,4 @@ def dedup_publish(handler: "ConnectionHandler", producer: Producer, dlv: Any, ms
 
 __all__ = ["ACK_ADDRESS", "CONTROL_ADDRESSES", "QUEUE_INFO_ADDRESS", "ControlLink", "RangeReader",
            "SequenceService", "attach_control", "attach_range_reader", "dedup_publish", "range_filter",
-           "service", "addressof"]
+           "service"]

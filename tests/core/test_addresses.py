@@ -42,3 +42,10 @@ def test_auto_create_and_not_found():
     assert _resolve("newq").kind is AddressKind.NEW_QUEUE
     with pytest.raises(AddressNotFound):
         _resolve("newq", auto=False)
+
+
+def test_control_and_gone_temporary_addresses_are_never_auto_created():
+    with pytest.raises(AddressNotFound, match="control address"):
+        _resolve("$amqpbroker.ack")
+    with pytest.raises(AddressNotFound, match="no longer exists"):
+        _resolve("amqpbroker.temp-queue.abc")
