@@ -3,5 +3,5 @@
 # data in ./data.  Extra arguments go to `amqpbroker serve`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-AMQPBROKER_EXTRAS=${AMQPBROKER_EXTRAS:-test} bash scripts/setup.sh
+AMQPBROKER_EXTRAS=${AMQPBROKER_EXTRAS-} bash scripts/setup.sh
 exec .venv/bin/amqpbroker serve "$@"

@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # Install what amqpbroker needs on a fresh Debian/Ubuntu machine: the system
 # libraries python-qpid-proton compiles against (OpenSSL for TLS, Cyrus SASL),
-# a virtualenv in .venv, and the package with its test extras.
+# a virtualenv in .venv, and the package with the extras in AMQPBROKER_EXTRAS
+# (default: test,spark — what the test suite needs; empty for just the broker).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SUDO=""
 if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null; then SUDO="sudo"; fi
 
-need_pkgs=()
+extras=${AMQPBROKER_EXTRAS-test,spark}   # test: pytest & co; spark: pyspark + pyarrow for tests/spark
+pkgs=(libssl-dev libsasl2-dev libsasl2-modules pkg-config openssl gcc python3-dev python3-venv)
 # chromium + chromium-driver: the web console's browser tests (pytest -m browser).
-for pkg in libssl-dev libsasl2-dev libsasl2-modules pkg-config openssl gcc python3-dev python3-venv \
-           chromium chromium-driver; do
+case ",$extras," in *,test,*) pkgs+=(chromium chromium-driver) ;; esac
+need_pkgs=()
+for pkg in "${pkgs[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_pkgs+=("$pkg")
 done
 if [ ${#need_pkgs[@]} -gt 0 ] && command -v apt-get >/dev/null; then
@@ -22,7 +25,10 @@ fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-extras=${AMQPBROKER_EXTRAS:-test,spark}   # spark: pyspark + pyarrow for tests/spark
-.venv/bin/python -m pip install -q -e ".[${extras}]"
+if [ -n "$extras" ]; then
+  .venv/bin/python -m pip install -q -e ".[${extras}]"
+else
+  .venv/bin/python -m pip install -q -e .
+fi
 # proton silently builds without TLS when OpenSSL headers are missing: fail loudly.
 .venv/bin/python -c "import proton, sys; sys.exit(0 if proton.SSL.present() else 'python-qpid-proton was built without TLS')"
