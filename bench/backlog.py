@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """A durable backlog of 1,000,000 x 256 B: memory held, restart time, drain rate.
 
-1. start amqpbroker (defaults: queue_memory_budget 16 MiB, so bodies beyond it are
-   kept only in the store and entries keep an index in memory);
+1. start amqpbroker (defaults: queue_memory_budget 16 MiB, so entries beyond it are
+   kept only in the store, the queue's paged region, and read back in batches);
 2. fill one durable queue with bench/build/loadgen --receivers 0 --durable
    (unsettled sends, window 1000: every message Accepted after its group commit);
 3. broker RSS with the backlog held (/proc/PID/status: VmRSS = RssAnon + RssFile;

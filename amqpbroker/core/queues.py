@@ -155,6 +155,9 @@ class ReadyList:
 
 
 class Queue:
+    page_in_low = 1000       # page in when fewer entries than this are ready in memory
+    page_in_batch = 2000     # entries per page-in (and the window built at recovery)
+
     def __init__(
         self,
         name: str,
@@ -204,6 +207,23 @@ class Queue:
         self.mem_bytes = 0
         self.loader: Callable[[Entry], Message] | None = None
         self.on_page_out: Callable[[Entry], None] | None = None
+        # The paged region: once over the budget, new persistent entries are not kept
+        # in memory at all.  They live only in the store, after `page_cursor` (the last
+        # sequence moved into memory), FIFO by sequence whatever their priority, and are
+        # read back `page_in_batch` at a time when fewer than `page_in_low` are ready.
+        # Until its store commit an entry waits in `_pending_page` (seq -> Entry);
+        # `on_page_out(entry)` arranges `page_committed(seq, error)` after the commit.
+        # Non-persistent messages are never paged: they may overtake paged ones.
+        # Browsers, selectors, TTL sweeps and scheduled delivery see the in-memory
+        # window only (a paged entry expires, or waits for its time, once paged in).
+        self.paged_count = 0
+        self.paged_bytes = 0
+        self.page_cursor = 0
+        self._pending_page: dict[int, Entry] = {}
+        self.page_reader: Callable[[int, int], list[Entry]] | None = None
+        # drop_paged(after, below, skip) removes store-only entries after `after` (and
+        # below `below`; None: all) except the sequences in `skip`: (count, bytes).
+        self.drop_paged: Callable[[int, int | None, set[int]], tuple[int, int]] | None = None
         # Durability hooks, set by the store layer on durable queues.
         self.store_id: int | None = None
         self.on_enqueue: Callable[[Entry], None] | None = None
@@ -215,12 +235,12 @@ class Queue:
 
     @property
     def depth(self) -> int:
-        """Messages held: ready, scheduled and acquired-but-unsettled."""
-        return len(self._ready) + len(self._delayed) + self.acquired
+        """Messages held: ready (in memory or paged), scheduled and acquired-but-unsettled."""
+        return len(self._ready) + len(self._delayed) + self.acquired + self.paged_count
 
     @property
     def ready_count(self) -> int:
-        return len(self._ready)
+        return len(self._ready) + self.paged_count
 
     def next_seq(self) -> int:
         return next(self._seq)
@@ -238,9 +258,11 @@ class Queue:
         self.enqueued_total += 1
         if self.on_enqueue is not None:
             self.on_enqueue(entry)
-            if (self.memory_budget and self.mem_bytes > self.memory_budget
-                    and entry.store_ref is not None and self.on_page_out is not None):
-                self.on_page_out(entry)
+            if (self.memory_budget and entry.store_ref is not None and self.on_page_out is not None
+                    and (self.paged_count or self.mem_bytes > self.memory_budget)):
+                self._page(entry)
+                self.dispatch()
+                return entry
         if entry.deliver_at is not None and entry.deliver_at > self.clock():
             heapq.heappush(self._delayed, (entry.deliver_at, entry.seq, entry))
         else:
@@ -257,6 +279,105 @@ class Queue:
             heapq.heappush(self._delayed, (entry.deliver_at, entry.seq, entry))
         else:
             self._ready.push(entry)
+
+    def restore_paged(self, cursor: int, count: int, size: int) -> None:
+        """Recovery: `count` stored entries (`size` bytes) after sequence `cursor` stay
+        in the store only (the paged region)."""
+        self.page_cursor = cursor
+        self.paged_count += count
+        self.paged_bytes += size
+        self.bytes += size
+
+    # ------------------------------------------------------------------ paging
+
+    def _page(self, entry: Entry) -> None:
+        """Put a new stored entry in the paged region: held until its commit, then gone
+        from memory (the body's bytes stay in `mem_bytes` until then)."""
+        if not self.paged_count:
+            self.page_cursor = entry.seq - 1   # every stored entry after it is paged
+        self._pending_page[entry.seq] = entry
+        self.paged_count += 1
+        self.paged_bytes += entry.size
+        self.on_page_out(entry)
+
+    def page_committed(self, seq: int, error: BaseException | None = None) -> None:
+        """The store committed a paged entry: forget it (unless paged in meanwhile).
+        After a failed commit it stays pending (lost entries are discarded first)."""
+        if error is None:
+            entry = self._pending_page.pop(seq, None)
+            if entry is not None and entry.msg is not None:
+                self.mem_bytes -= entry.size
+
+    def _page_in(self) -> int:
+        """Move the next entries of the paged region into memory, in sequence order
+        (`page_reader` reads bodies while the budget has room; `_load` reads the rest
+        on dispatch).  Committed ones come from the store;
+        one still pending is taken as it is, and so are entries whose commit is in
+        flight once the store has nothing more."""
+        pending = self._pending_page
+        want = self.page_in_batch
+        entries: list[Entry] = []
+        if self.paged_count > len(pending) and self.page_reader is not None:
+            entries = self.page_reader(self.page_cursor, want)
+        if len(entries) < want and pending:
+            last = entries[-1].seq if entries else self.page_cursor
+            for s, e in pending.items():   # insertion order is sequence order
+                if s > last:
+                    entries.append(e)
+                    if len(entries) >= want:
+                        break
+        if not entries:
+            if not pending:   # nothing left to read: the count was off
+                log.warning("queue %s: %d paged entr(y/ies) not found in the store", self.name, self.paged_count)
+                self.bytes -= self.paged_bytes
+                self.paged_count = self.paged_bytes = 0
+            return 0
+        now = self.clock()
+        for entry in entries:
+            held = pending.pop(entry.seq, None)
+            if held is not None:
+                entry = held           # its body is counted in mem_bytes already
+            elif entry.msg is not None:
+                self.mem_bytes += entry.size
+            self.paged_count -= 1
+            self.paged_bytes -= entry.size
+            self.page_cursor = entry.seq
+            if entry.expires_at is not None and entry.expires_at <= now:
+                self._expire(entry)
+            elif entry.deliver_at is not None and entry.deliver_at > now:
+                heapq.heappush(self._delayed, (entry.deliver_at, entry.seq, entry))
+            else:
+                self._ready.push(entry)
+        return len(entries)
+
+    def _drop_paged(self, below: int | None = None, *, acked: bool = False) -> int:
+        """Remove the paged entries (all, or those with a sequence below `below`):
+        pending ones like any entry, store-only ones through `drop_paged`."""
+        if not self.paged_count or (below is not None and below <= self.page_cursor + 1):
+            return 0
+        pending = self._pending_page
+        store_only = self.paged_count - len(pending)
+        gone = [e for s, e in pending.items() if below is None or s < below]
+        for entry in gone:
+            del pending[entry.seq]
+        n = size = 0
+        if store_only and self.drop_paged is not None:
+            n, size = self.drop_paged(self.page_cursor, below, {e.seq for e in gone})
+        self.paged_count -= n + len(gone)
+        self.paged_bytes -= size + sum(e.size for e in gone)
+        self.bytes -= size
+        if below is None:
+            self.bytes -= self.paged_bytes   # whatever the store no longer had
+            self.paged_count = self.paged_bytes = 0
+        elif below - 1 > self.page_cursor:
+            self.page_cursor = below - 1
+        for entry in gone:
+            if acked:
+                self.acked_total += 1
+            self._drop(entry)
+        if acked:
+            self.acked_total += n
+        return n + len(gone)
 
     def next_wakeup(self) -> float | None:
         return self._delayed[0][0] if self._delayed else None
@@ -322,10 +443,17 @@ class Queue:
             self._dispatching = False
 
     def _dispatch_round(self) -> None:
+        consumers = self.consumers
+        if self.paged_count and consumers and len(self._ready) < self.page_in_low:
+            self._page_in()
         if self.browsers:
             self._browse()
-        consumers = self.consumers
-        while self._ready and consumers:
+        while (self._ready or self.paged_count) and consumers:
+            if self.paged_count and len(self._ready) < self.page_in_low:
+                if not self._page_in() and not self._ready:
+                    return
+                if not self._ready:
+                    continue   # that batch expired or is scheduled: the next one
             n = len(consumers)
             start = self._rr % n
             for i in range(n):
@@ -402,12 +530,6 @@ class Queue:
             return False
         owner = self._groups.get(group)
         return owner is not None and owner is not consumer
-
-    def page_out(self, entry: Entry) -> None:
-        """Drop a stored entry's body from memory if it is still waiting."""
-        if entry.msg is not None and entry.consumer is None and entry.store_ref is not None:
-            entry.msg = None
-            self.mem_bytes -= entry.size
 
     def _load(self, entry: Entry) -> None:
         if entry.msg is None:
@@ -487,12 +609,12 @@ class Queue:
     # ------------------------------------------------------------------ admin
 
     def purge(self) -> int:
-        """Remove every ready and scheduled entry (acquired ones stay with their consumers)."""
+        """Remove every ready, scheduled and paged entry (acquired ones stay with their consumers)."""
         removed = self._ready.clear() + [e for _, _, e in self._delayed]
         self._delayed.clear()
         for entry in removed:
             self._drop(entry)
-        return len(removed)
+        return len(removed) + self._drop_paged()
 
     def discard(self, seqs: set[int]) -> int:
         """Remove the waiting (ready or scheduled) entries with these sequence numbers:
@@ -506,6 +628,12 @@ class Queue:
                 self._delayed = [d for d in self._delayed if d[1] not in seqs]
                 heapq.heapify(self._delayed)
                 removed += later
+        for seq in seqs:   # not stored: still pending in the paged region
+            entry = self._pending_page.pop(seq, None)
+            if entry is not None:
+                self.paged_count -= 1
+                self.paged_bytes -= entry.size
+                removed.append(entry)
         for entry in removed:
             self._drop(entry)
         return len(removed)
@@ -526,7 +654,7 @@ class Queue:
         for entry in sorted(removed, key=lambda e: e.seq):
             self.acked_total += 1
             self._drop(entry)
-        return len(removed)
+        return len(removed) + self._drop_paged(seq, acked=True)
 
     def entries(self) -> list[Entry]:
         """Ready entries in delivery order (browsing, management)."""

@@ -101,8 +101,21 @@ class Store:
     def read_message(self, msg_id: int) -> bytes | None:
         return None
 
+    def read_messages(self, msg_ids: list[int]) -> list[bytes | None]:
+        """Several bodies at once (page-in)."""
+        return [self.read_message(mid) for mid in msg_ids]
+
     def read_entries(self, queue_id: int, after_seq: int, limit: int) -> list[EntryRecord]:
         return []
+
+    def scan_entries(self, queue_id: int, after_seq: int, limit: int) -> list[tuple[int, int, int, bool]]:
+        """(seq, msg id, size, delivered) of entries, as read_entries but without
+        building records (recovery counts a paged backlog)."""
+        return [(r.seq, r.msg_id, r.size, r.delivered) for r in self.read_entries(queue_id, after_seq, limit)]
+
+    def message_id_range(self) -> tuple[int, int]:
+        """(lowest stored message id, highest id handed out so far)."""
+        return 1, self._next_msg_id - 1
 
     def read_last_seq(self, queue_id: int) -> int:
         return 0

@@ -8,6 +8,7 @@ durable queues it lands in; each queue writes an entry referring to them.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import time
@@ -75,7 +76,9 @@ class DurabilityManager:
         queue.memory_budget = self.memory_budget
         queue.loader = self._load_body
         queue.on_page_out = lambda e, q=queue: self.store.after_commit(
-            lambda err: None if err else q.page_out(e))
+            functools.partial(q.page_committed, e.seq))
+        queue.page_reader = lambda after, limit, q=queue: self._read_paged(q, after, limit)
+        queue.drop_paged = lambda after, below, skip, q=queue: self.drop_paged(q, after, below, skip)
 
     def _record(self, queue: Queue) -> QueueRecord:
         return QueueRecord(queue.name, queue.store_id, queue.exclusivity.value, queue.lifetime.value,
@@ -120,16 +123,67 @@ class DurabilityManager:
         if mid is None:
             return
         entry.store_ref = None
-        self.store.delete_entry(queue.store_id, entry.seq)
+        if self._remove_stored(queue, entry.seq, mid):
+            if entry.msg is not None and entry.msg.store_id == mid:
+                entry.msg.store_id = None
+
+    def _remove_stored(self, queue: Queue, seq: int, mid: int) -> bool:
+        """Delete a stored entry and release its reference to the message; True when
+        that was the last reference (the message is dropped too)."""
+        self.store.delete_entry(queue.store_id, seq)
         left = self.refs.get(mid)
         if left is None:
             self.store.drop_message(mid)
-            if entry.msg is not None and entry.msg.store_id == mid:
-                entry.msg.store_id = None
-        elif left <= 2:
+            return True
+        if left <= 2:
             del self.refs[mid]
         else:
             self.refs[mid] = left - 1
+        return False
+
+    def _read_paged(self, queue: Queue, after: int, limit: int) -> list[Entry]:
+        """The next entries of a queue's paged region (page-in), with their bodies read
+        in one go while the queue's memory budget has room (the rest index only, read
+        on dispatch).  One still marked delivered is a recovery fix-up not committed
+        yet: count it the same."""
+        records = self.store.read_entries(queue.store_id, after, limit)
+        room = queue.memory_budget - queue.mem_bytes
+        k = 0
+        while k < len(records) and records[k].size <= room:
+            room -= records[k].size
+            k += 1
+        raws = self.store.read_messages([r.msg_id for r in records[:k]]) if k else []
+        out = []
+        for i, r in enumerate(records):
+            entry = Entry.paged(r.seq, r.msg_id, size=_shared(r.size), priority=r.priority,
+                                delivery_count=r.delivery_count + 1 if r.delivered else r.delivery_count,
+                                expires_at=r.expires_at, deliver_at=r.deliver_at, group=r.group)
+            if i < k and raws[i] is not None:
+                entry.msg = msg = Message(bytes(raws[i]))
+                msg.store_id = r.msg_id
+            out.append(entry)
+        return out
+
+    def drop_paged(self, queue: Queue, after: int, below: int | None = None,
+                   skip: set[int] | frozenset[int] = frozenset(), chunk: int = 10_000) -> tuple[int, int]:
+        """Remove a queue's store-only (paged) entries with a sequence after `after`
+        (and below `below`; None: to the end), except those in `skip` (still held in
+        memory, removed by the queue): each goes like `_entry_removed`, so messages
+        and fan-out references follow.  Returns (entries, bytes) removed."""
+        n = size = 0
+        while True:
+            records = self.store.read_entries(queue.store_id, after, chunk)
+            if not records:
+                return n, size
+            for rec in records:
+                if below is not None and rec.seq >= below:
+                    return n, size
+                after = rec.seq
+                if rec.seq in skip:
+                    continue
+                self._remove_stored(queue, rec.seq, rec.msg_id)
+                n += 1
+                size += rec.size
 
     def _entry_update(self, queue: Queue, entry: Entry, delivered: bool) -> None:
         """Delivered-but-unsettled entries come back after a crash with
@@ -174,27 +228,38 @@ class DurabilityManager:
             sub = subscription_from_json(rec)
             if sub.queue_name in b.queues:
                 self.registry.restore(sub)
-        self._seen: set[int] = set()
+        self._seen = _SeenIds(*self.store.message_id_range())
         for queue in by_id.values():
             self._queue_declared(queue)  # budget and loader before loading
             self._load_entries(queue)
         del self._seen
+        release = getattr(self.store, "release_map", None)
+        if release is not None:
+            release()   # the scan mapped the whole entry index: not ours to keep in RSS
         log.info("store recovered %d queue(s), %d message entr%s (%d redelivered) in %.2f s",
                  len(by_id), self.recovered_messages, "y" if self.recovered_messages == 1 else "ies",
                  self.redelivered, time.monotonic() - started)
 
     def _load_entries(self, queue: Queue, batch: int = 10_000) -> None:
         """Rebuild a queue's entries in sequence order; bodies are read only while the
-        queue is under its memory budget, the rest stay paged (index only)."""
+        queue is under its memory budget, the rest stay paged (index only).  With a
+        budget, only the first `page_in_batch` entries become Entry objects: the rest
+        is the paged region, counted (and its references noted) without building any."""
         cache: dict[int, Message] = {}
         after = 0
         store = self.store
         refs = self.refs
         budget = queue.memory_budget
+        window = queue.page_in_batch if budget else 0
+        loaded = 0
         while True:
-            records = store.read_entries(queue.store_id, after, batch)
+            if window and loaded >= window:
+                self._count_paged(queue, after)
+                return
+            records = store.read_entries(queue.store_id, after, min(batch, window - loaded) if window else batch)
             if not records:
                 return
+            loaded += len(records)
             for rec in records:
                 after = rec.seq
                 mid = rec.msg_id
@@ -227,6 +292,74 @@ class DurabilityManager:
                     entry.store_ref = mid
                 queue.restore(entry)
                 self.recovered_messages += 1
+
+    def _count_paged(self, queue: Queue, after: int, batch: int = 16_384) -> None:
+        """Recovery: the stored entries after `after` stay in the store (the paged
+        region): count them and their bytes, note shared messages, and give entries
+        that were delivered-but-unsettled their delivery-count+1."""
+        store = self.store
+        refs = self.refs
+        seen = self._seen.add
+        release = getattr(store, "release_map", None)
+        cursor = after
+        count = size = 0
+        while True:
+            rows = store.scan_entries(queue.store_id, after, batch)
+            if not rows:
+                break
+            if release is not None:
+                release()   # keep the scan's mapped pages (and their neighbours) out of RSS
+            for seq, mid, n, delivered in rows:
+                size += n
+                if seen(mid):
+                    refs[mid] = refs.get(mid, 1) + 1
+                if delivered:
+                    rec = store.read_entries(queue.store_id, seq - 1, 1)[0]
+                    rec.delivery_count += 1
+                    rec.delivered = False
+                    self.redelivered += 1
+                    store.update_entry(queue.store_id, rec)
+            count += len(rows)
+            after = rows[-1][0]
+        if count:
+            queue.restore_paged(cursor, count, size)
+            self.recovered_messages += count
+
+
+class _SeenIds:
+    """Recovery: the message ids met so far, to find messages with more than one
+    entry.  A bitmap over the store's id range (125 kB per million ids) rather than
+    a set of ints (~60 MB per million); a set only for ids outside a sane range."""
+
+    MAX_BITS = 1 << 28   # a 32 MiB bitmap at most
+
+    def __init__(self, lo: int, hi: int):
+        self.lo = lo
+        span = hi - lo + 1
+        self.bits = bytearray((span + 7) >> 3) if 0 < span <= self.MAX_BITS else bytearray()
+        self.nbits = len(self.bits) << 3
+        self.others: set[int] = set()
+
+    def add(self, mid: int) -> bool:
+        """Note `mid`; True when it was met before."""
+        i = mid - self.lo
+        if 0 <= i < self.nbits:
+            bits = self.bits
+            byte, mask = bits[i >> 3], 1 << (i & 7)
+            if byte & mask:
+                return True
+            bits[i >> 3] = byte | mask
+            return False
+        if mid in self.others:
+            return True
+        self.others.add(mid)
+        return False
+
+    def __contains__(self, mid: int) -> bool:
+        i = mid - self.lo
+        if 0 <= i < self.nbits:
+            return bool(self.bits[i >> 3] & (1 << (i & 7)))
+        return mid in self.others
 
 
 _SHARED: dict[int, int] = {}

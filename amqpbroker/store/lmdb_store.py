@@ -20,9 +20,11 @@ Layout (named databases):
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import struct
+import sys
 import threading
 import time
 from pathlib import Path
@@ -38,9 +40,29 @@ log = logging.getLogger("amqpbroker.store")
 _ENTRY_KEY = struct.Struct(">IQ")
 _ENTRY_VAL = struct.Struct(">QIBBIdd")   # msg id, delivery-count, delivered, priority, size,
                                           # expires-at, deliver-at (NaN: none); then group (utf-8)
+_SCAN_VAL = struct.Struct(">QIBBI")      # the head of _ENTRY_VAL: up to the size
 _NAN = float("nan")
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
+
+
+def _load_madvise() -> Callable[[int, int, int], int] | None:
+    """libc madvise(2) (release_map), or None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_madvise = _load_madvise()
+_MADV_DONTNEED = 4
+MAP_RELEASE_INTERVAL = 2.0   # seconds: the writer unmaps touched store pages this often (when busy)
+MAP_RELEASE_IDLE = 0.5       # and this long after its last commit
 
 # Operation codes queued by the loop thread.
 NEW_ENTRY, UPDATE_ENTRY, DELETE_ENTRY, PUT_MSG, DROP_MSG, META, CALLBACK = range(7)
@@ -64,6 +86,8 @@ class LmdbStore(Store):
         self._writer: threading.Thread | None = None
         self._read_lock = threading.Lock()
         self._inflight = 0
+        self._map_touched = False               # writer thread: commits since release_map()
+        self._release_at = 0.0
         self.full = False
         # Called on the loop thread with [(queue id, seq)] of new entries a failed
         # commit did not store (before that batch's callbacks run).
@@ -225,6 +249,13 @@ class LmdbStore(Store):
         with self._read_lock, self.env.begin() as txn:
             return txn.get(_U64.pack(msg_id), db=self._dbs["messages"])
 
+    def read_messages(self, msg_ids: list[int]) -> list[bytes | None]:
+        pack = _U64.pack
+        with self._read_lock, self.env.begin() as txn:
+            get = txn.get
+            db = self._dbs["messages"]
+            return [get(pack(mid), db=db) for mid in msg_ids]
+
     def read_entries(self, queue_id: int, after_seq: int, limit: int) -> list[EntryRecord]:
         out: list[EntryRecord] = []
         prefix = _U32.pack(queue_id)
@@ -237,6 +268,54 @@ class LmdbStore(Store):
                     break
                 out.append(_decode_entry(_ENTRY_KEY.unpack(key)[1], val))
         return out
+
+    def scan_entries(self, queue_id: int, after_seq: int, limit: int) -> list[tuple[int, int, int, bool]]:
+        out: list[tuple[int, int, int, bool]] = []
+        prefix = _U32.pack(queue_id)
+        key_seq = _ENTRY_KEY.unpack
+        head = _SCAN_VAL.unpack_from
+        with self._read_lock, self.env.begin() as txn:
+            cur = txn.cursor(db=self._dbs["entries"])
+            if not cur.set_range(_ENTRY_KEY.pack(queue_id, after_seq + 1)):
+                return out
+            append = out.append
+            for key, val in cur:
+                if key[:4] != prefix or len(out) >= limit:
+                    break
+                msg_id, _, delivered, _, size = head(val)
+                append((key_seq(key)[1], msg_id, size, delivered != 0))
+        return out
+
+    def message_id_range(self) -> tuple[int, int]:
+        with self._read_lock, self.env.begin() as txn:
+            cur = txn.cursor(db=self._dbs["messages"])
+            lo = _U64.unpack(cur.key())[0] if cur.first() else 1
+        return lo, self._next_msg_id - 1
+
+    def release_map(self) -> int:
+        """Unmap the pages of the store this process has touched (not the data: the
+        kernel keeps them in its page cache).  Scans, fills and drains touch most of
+        the map, and every touched page counts in the broker's RSS.  The map is
+        shared and read-only (no writemap): MADV_DONTNEED only drops page-table
+        entries, a later read faults the page back in.  Linux only; returns the
+        bytes of map advised (0 elsewhere or on failure)."""
+        if _madvise is None or self.env is None:
+            return 0
+        target = str((self.path / "data.mdb").resolve())
+        done = 0
+        with self._read_lock:   # set_mapsize (which remaps) takes it too
+            try:
+                with open("/proc/self/maps") as f:
+                    spans = [line.split(None, 5) for line in f if line.rstrip("\n").endswith(target)]
+            except OSError:
+                return 0
+            for fields in spans:
+                if len(fields) < 6 or fields[5].rstrip("\n") != target or fields[1] != "r--s":
+                    continue   # only the shared, read-only map of data.mdb
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                if _madvise(start, end - start, _MADV_DONTNEED) == 0:
+                    done += end - start
+        return done
 
     def count_entries(self, queue_id: int) -> int:
         n = 0
@@ -274,10 +353,17 @@ class LmdbStore(Store):
         while True:
             with self._cv:
                 while not self._pending and not self._stop:
-                    self._cv.wait()
+                    if not self._map_touched:
+                        self._cv.wait()
+                    elif not self._cv.wait(MAP_RELEASE_IDLE):
+                        break
                 if not self._pending and self._stop:
                     return
                 batches, self._pending = self._pending, []
+            if not batches:   # idle since the last commits: unmap the pages they touched
+                self._map_touched = False
+                self.release_map()
+                continue
             ops = [op for batch in batches for op in batch]
             callbacks = [op[1] for op in ops if op[0] == CALLBACK and len(op) == 2]
             # flush() waiters block the loop thread: wake them from here.
@@ -303,6 +389,11 @@ class LmdbStore(Store):
             if callbacks:
                 self.loop.call_soon_threadsafe(_run_callbacks, callbacks, error)
             _run_callbacks(direct, error)
+            self._map_touched = True
+            if started >= self._release_at:   # after the callbacks: nobody waits on this
+                self._release_at = started + MAP_RELEASE_INTERVAL
+                self._map_touched = False
+                self.release_map()
 
     def _commit(self, plan: "_Plan") -> None:
         while True:

@@ -193,3 +193,92 @@ def test_purge_removes_ready_entries():
     for i in range(3):
         q.enqueue(make_message(i))
     assert q.purge() == 3 and q.depth == 0 and q.bytes == 0
+
+
+# ---------------------------------------------------------------------- paged region
+
+
+class FakePagingStore:
+    """The durability hooks of a paging queue over dicts (no LMDB): entries are
+    written at once, become readable at commit(), whose callbacks then run."""
+
+    def __init__(self, q, budget, low=2, batch=3):
+        self.written: dict[int, object] = {}     # seq -> Entry (index and body)
+        self.committed: set[int] = set()
+        self.callbacks: list[int] = []
+        q.memory_budget = budget
+        q.page_in_low, q.page_in_batch = low, batch
+        q.on_enqueue = self.add
+        q.on_remove = lambda e: self.written.pop(e.seq, None)
+        q.on_page_out = lambda e: self.callbacks.append(e.seq)
+        q.loader = lambda e: self.written[e.seq].msg
+        q.page_reader = self.read
+        q.drop_paged = self.drop
+        self.q = q
+
+    def add(self, entry):
+        if entry.msg.durable:
+            entry.store_ref = entry.seq
+            self.written[entry.seq] = entry
+
+    def commit(self):
+        self.committed |= set(self.written)
+        callbacks, self.callbacks = self.callbacks, []
+        for seq in callbacks:
+            self.q.page_committed(seq)
+
+    def read(self, after, limit):
+        from amqpbroker.core.queues import Entry
+        seqs = sorted(s for s in self.written if s > after and s in self.committed)[:limit]
+        return [Entry.paged(s, s, size=self.written[s].size, priority=self.written[s].priority,
+                            delivery_count=0, expires_at=None, deliver_at=None, group=None) for s in seqs]
+
+    def drop(self, after, below, skip):
+        gone = [s for s in self.written if s > after and s in self.committed and s not in skip
+                and (below is None or s < below)]
+        return len(gone), sum(self.written.pop(s).size for s in gone)
+
+
+def test_over_the_budget_durable_entries_leave_memory_but_still_count():
+    q = Queue("q", durable=True)
+    size = make_message("m0", durable=True).size
+    store = FakePagingStore(q, budget=2 * size)
+    for i in range(6):
+        q.enqueue(make_message(f"m{i}", durable=True))
+    q.enqueue(make_message("t", durable=False))            # never paged
+    assert len(q._ready) == 3 and q.paged_count == 4 and len(q._pending_page) == 4
+    assert q.depth == 7 and q.ready_count == 7
+    store.commit()
+    assert q._pending_page == {} and q.paged_count == 4 and q.depth == 7
+    assert q.page_cursor == 2 and q.mem_bytes == 2 * size + make_message("t").size
+
+
+def test_page_in_follows_the_sequence_and_takes_pending_entries_as_they_are():
+    q = Queue("q", durable=True)
+    size = make_message("m0", durable=True).size
+    store = FakePagingStore(q, budget=size)
+    for i in range(4):
+        q.enqueue(make_message(f"m{i}", durable=True))
+    store.commit()                                          # m1..m3: store only
+    late = [q.enqueue(make_message(f"m{i}", durable=True)) for i in range(4, 7)]   # pending
+    c = RecordingConsumer(credit=100)
+    q.add_consumer(c)
+    assert bodies(c.delivered) == [f"m{i}" for i in range(7)]
+    assert c.delivered[4:] == late                          # the very objects, bodies held
+    assert q.paged_count == 0 and q._pending_page == {}
+    store.commit()                                          # late callbacks: no effect
+    assert q.depth == 7 and q.acquired == 7
+
+
+def test_purge_and_remove_below_reach_the_paged_region():
+    q = Queue("q", durable=True)
+    size = make_message("m0", durable=True).size
+    store = FakePagingStore(q, budget=size)
+    for i in range(6):
+        q.enqueue(make_message(f"m{i}", durable=True))
+    store.commit()
+    q.enqueue(make_message("m6", durable=True))            # pending, seq 7
+    assert q.remove_below(4) == 3 and q.paged_count == 4 and q.page_cursor == 3
+    assert sorted(store.written) == [4, 5, 6, 7]
+    assert q.purge() == 4
+    assert q.depth == 0 and q.paged_count == 0 and q.bytes == 0 and store.written == {}
