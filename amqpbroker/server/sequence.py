@@ -294,15 +294,9 @@ class ControlLink(Producer):
             if lib.pn_delivery_aborted(dlv):
                 lib.pn_delivery_settle(dlv)
             return
-        pending = lib.pn_delivery_pending(dlv)
-        buf = bytearray(pending)
-        lib.pn_link_recv(self.impl, ffi.from_buffer(buf), pending)
-        lib.pn_link_advance(self.impl)
-        credit = lib.pn_link_credit(self.impl)
-        if credit < self.window // 2:
-            lib.pn_link_flow(self.impl, self.window - credit)
+        raw = self.take_payload(dlv, lib.pn_delivery_pending(dlv))
         try:
-            msg = Message(bytes(buf))
+            msg = Message(raw)
             props = msg.application_properties
             if self.address == QUEUE_INFO_ADDRESS:
                 self._queue_info(dlv, msg, props)
