@@ -179,3 +179,13 @@ class Harness:
 
     def close(self) -> None:
         self.loop.close()
+
+
+DAY = 86400.0
+
+
+def error_of(r) -> str:
+    """The message of a JSON error body, checking it has that shape exactly."""
+    body = r.json()
+    assert set(body) == {"error"}, body
+    return body["error"]

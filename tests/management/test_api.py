@@ -3,25 +3,10 @@ that is never started (no sockets), reached through httpx's ASGI transport."""
 
 from __future__ import annotations
 
-import pytest
 
 from amqpbroker.management.admin import CONNECTION_FORCED, RESOURCE_DELETED
-from tests.management.support import T0, FakeConsumer, Harness, shared_durable_source
+from tests.management.support import DAY, T0, FakeConsumer, Harness, error_of, shared_durable_source
 
-DAY = 86400.0
-
-
-@pytest.fixture
-def h():
-    harness = Harness()
-    yield harness
-    harness.close()
-
-
-def error_of(r) -> str:
-    body = r.json()
-    assert set(body) == {"error"}, body
-    return body["error"]
 
 
 # ---------------------------------------------------------------------- overview, docs, errors

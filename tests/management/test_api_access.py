@@ -3,26 +3,11 @@
 
 from __future__ import annotations
 
-import pytest
 
 from amqpbroker.config import AclRuleDecl, AnonymousDecl, Settings, StoreConfig, UserConfig
 from amqpbroker.core.queues import ExclusivityPolicy
-from tests.management.support import T0, Harness, shared_durable_source
+from tests.management.support import DAY, T0, Harness, error_of, shared_durable_source
 
-DAY = 86400.0
-
-
-@pytest.fixture
-def h():
-    harness = Harness()
-    yield harness
-    harness.close()
-
-
-def error_of(r) -> str:
-    body = r.json()
-    assert set(body) == {"error"}, body
-    return body["error"]
 
 
 # ---------------------------------------------------------------------- access
