@@ -67,7 +67,7 @@ class Entry:
     (bounded memory: only this index stays in memory; the body is in the store)."""
 
     __slots__ = ("msg", "seq", "priority", "delivery_count", "expires_at", "deliver_at",
-                 "consumer", "excluded", "group", "store_ref", "size")
+                 "consumer", "excluded", "group", "store_ref", "size", "stored_in")
 
     def __init__(self, msg: Message | None, seq: int):
         self.msg = msg
@@ -75,6 +75,7 @@ class Entry:
         self.consumer: ConsumerPort | None = None   # who holds it while acquired
         self.excluded: set[int] | None = None        # consumers it is undeliverable-here for
         self.store_ref: Any = None                   # the store's message id for durable entries
+        self.stored_in = -1                          # the store batch that writes it (-1: on disk)
         if msg is None:
             return
         p = msg.priority

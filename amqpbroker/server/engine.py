@@ -209,14 +209,20 @@ class AmqpProtocol(asyncio.Protocol):
             self.server.dirty.append(self)
             self.server.flush_soon()
 
-    def hold_for_store(self) -> None:
-        """Durable deliveries went into the transport: keep the output off the socket
-        until the store has committed what was queued so far (their "delivered"
-        marks), so that a message a consumer has seen comes back marked redelivered
-        after a crash (delivery-count + 1), never as a first delivery."""
-        if not self._store_hold and self.server.store.persistent:
-            self._store_hold = True
-            self.server.store.after_commit(self._store_committed)
+    def hold_for_store(self, stored_in: int) -> None:
+        """A durable delivery went into the transport.  Its "delivered" mark is queued
+        in the store's current batch; a message a consumer has seen must come back
+        after a crash marked redelivered (delivery-count + 1), never as a first
+        delivery.  When the entry itself is written by that same batch (it arrived
+        this turn: the p2p case), the LMDB transaction makes both durable or neither:
+        a crash before the commit loses a message no producer was told Accepted for,
+        so nothing waits.  Otherwise the output stays off the socket until the
+        batch holding the mark has committed."""
+        store = self.server.store
+        if self._store_hold or not store.persistent or stored_in == store.batch:
+            return
+        self._store_hold = True
+        store.after_commit(self._store_committed)
 
     def _store_committed(self, error: BaseException | None) -> None:
         self._store_hold = False

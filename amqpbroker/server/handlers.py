@@ -406,21 +406,9 @@ class ConnectionHandler:
             lib.pn_delivery_settle(dlv)
             return
         if msg.store_id is not None and store.persistent:
-            # Accept only once the store has it on disk (group commit).
-            slot = producer.settle_in_order(dlv, ACCEPTED, ready=False)
-            store.after_commit(lambda err, p=producer, s=slot: self._committed(p, s, err))
+            producer.accept_after_commit(dlv, store)   # once on disk (group commit)
         else:
             producer.settle_in_order(dlv, ACCEPTED)
-
-    def _committed(self, producer: Producer, slot: list, error: BaseException | None) -> None:
-        if self.ended:
-            return
-        if error is not None:
-            slot[1] = REJECTED
-            slot[2] = Condition(RESOURCE_LIMIT, f"message could not be stored: {error}")
-        slot[3] = True
-        producer.drain_settlements()
-        self.protocol.mark_dirty()
 
     def _reject(self, producer: Producer, dlv: Any, condition: str, description: str) -> None:
         log.warning("connection %s: message on link '%s' rejected: %s: %s", self.protocol.peer,

@@ -20,6 +20,7 @@ from proton import Condition, Delivery, Link
 
 from ..core.message import MalformedMessage, selector_lookup
 from ..core.queues import Entry, Outcome, Queue
+from ..core.subscriptions import RESOURCE_LIMIT
 
 if TYPE_CHECKING:
     from ..core.addresses import Resolution
@@ -94,7 +95,7 @@ class LinkConsumer:
     def deliver(self, entry: Entry) -> None:
         dlv = self._transfer(entry)
         if entry.store_ref is not None:
-            self.handler.protocol.hold_for_store()   # "delivered" on disk before it is seen
+            self.handler.protocol.hold_for_store(entry.stored_in)
         if self.presettled:
             lib.pn_delivery_settle(dlv)
             self.queue.settle(entry, Outcome.ACCEPTED)
@@ -178,6 +179,9 @@ class Producer:
         # delivery waiting on the store holds back the ones behind it.
         self.in_order: deque[list] = deque()
         self.temp_node: tuple[str, str] | None = None   # dynamic node this link created
+        # Deliveries waiting on one store batch share one commit callback.
+        self._batch = -1
+        self._batch_slots: list[list] = []
         link.flow(credit)
 
     def on_delivery(self, dlv: Any) -> None:
@@ -223,6 +227,28 @@ class Producer:
         if ready:
             self.drain_settlements()
         return slot
+
+    def accept_after_commit(self, dlv: Any, store: Any) -> None:
+        """Settle Accepted once the store batch holding this delivery's writes is on
+        disk (AMQP 1.0 §3.4: Accepted means the message is safe).  Every delivery of
+        this link queued in the same batch shares one commit callback."""
+        slot = self.settle_in_order(dlv, ACCEPTED, ready=False)
+        if self._batch != store.batch:
+            self._batch = store.batch
+            self._batch_slots = []
+            store.after_commit(lambda err, slots=self._batch_slots: self._committed(slots, err))
+        self._batch_slots.append(slot)
+
+    def _committed(self, slots: list[list], error: BaseException | None) -> None:
+        if self.handler.ended:
+            return
+        for slot in slots:
+            if error is not None:
+                slot[1] = REJECTED
+                slot[2] = Condition(RESOURCE_LIMIT, f"message could not be stored: {error}")
+            slot[3] = True
+        self.drain_settlements()
+        self.handler.protocol.mark_dirty()
 
     def drain_settlements(self) -> None:
         q = self.in_order

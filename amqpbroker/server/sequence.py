@@ -454,8 +454,7 @@ def dedup_publish(handler: "ConnectionHandler", producer: Producer, dlv: Any, ms
             lib.pn_delivery_settle(dlv)
         elif store.persistent:
             # Accept once the original (queued in this or an earlier batch) is on disk.
-            slot = producer.settle_in_order(dlv, ACCEPTED, ready=False)
-            store.after_commit(lambda err, p=producer, s=slot: handler._committed(p, s, err))
+            producer.accept_after_commit(dlv, store)
         else:
             producer.settle_in_order(dlv, ACCEPTED)
         return True

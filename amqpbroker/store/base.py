@@ -66,6 +66,10 @@ class Store:
     def __init__(self) -> None:
         self._next_msg_id = 1
         self.full = False
+        # The batch that writes queued now commit in (a store that batches bumps it
+        # at each hand-over).  Two writes queued under the same number are durable
+        # together or not at all.
+        self.batch = 0
 
     # ---- lifecycle
     def open(self, loop: Any) -> Snapshot:

@@ -115,6 +115,7 @@ class DurabilityManager:
         else:  # the same message in another durable queue: one body, one more reference
             self.refs[msg.store_id] = self.refs.get(msg.store_id, 1) + 1
         entry.store_ref = msg.store_id
+        entry.stored_in = store.batch
         entry.size = _shared(entry.size)   # outlives the body once the entry is paged out
         store.put_entry(queue.store_id, _record(entry, False))
 

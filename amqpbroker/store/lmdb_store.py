@@ -179,6 +179,7 @@ class LmdbStore(Store):
         ops, self._local = self._local, []
         if not ops:
             return
+        self.batch += 1
         with self._cv:
             self._pending.append(ops)
             self._cv.notify()
