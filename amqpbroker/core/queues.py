@@ -102,6 +102,17 @@ class Entry:
     def payload(self) -> bytes:
         return self.msg.encoded(self.delivery_count)
 
+    # The store's view of an entry (the EntryRecord fields it encodes when it hands a
+    # batch over): a new durable entry is written as it is at the end of its loop turn.
+    @property
+    def msg_id(self) -> Any:
+        return self.store_ref
+
+    @property
+    def delivered(self) -> bool:
+        """Held by a consumer: after a crash it comes back with delivery-count + 1."""
+        return self.consumer is not None
+
 
 class ReadyList:
     """Available entries: one deque per priority, each sorted by sequence."""

@@ -117,7 +117,7 @@ class DurabilityManager:
         entry.store_ref = msg.store_id
         entry.stored_in = store.batch
         entry.size = _shared(entry.size)   # outlives the body once the entry is paged out
-        store.put_entry(queue.store_id, _record(entry, False))
+        store.put_entry(queue.store_id, entry)   # live: encoded as it is at the batch's hand-over
 
     def _entry_removed(self, queue: Queue, entry: Entry) -> None:
         mid = entry.store_ref
@@ -188,7 +188,11 @@ class DurabilityManager:
 
     def _entry_update(self, queue: Queue, entry: Entry, delivered: bool) -> None:
         """Delivered-but-unsettled entries come back after a crash with
-        delivery-count+1 (AMQP 1.0 §3.2.1: the delivery may have been processed)."""
+        delivery-count+1 (AMQP 1.0 §3.2.1: the delivery may have been processed).
+        An entry new in the batch still being filled is written with its state at
+        the hand-over: nothing more to queue."""
+        if entry.stored_in == self.store.batch:
+            return
         self.store.update_entry(queue.store_id, _record(entry, delivered))
 
     def _load_body(self, entry: Entry) -> Message:

@@ -1,11 +1,13 @@
 """LMDB store: one environment under the data dir, a writer thread, group commit.
 
-The loop thread queues operations without blocking; once per loop turn they are
-handed to the writer thread, which applies *everything pending* in one write
-transaction (LMDB commits are fsync'd: one fsync per batch, not per message) and
-hands the completion back with `call_soon_threadsafe`.  Within a batch, a message
-or entry that is written and removed again (a fast consumer acknowledged it before
-the commit) is never written at all.
+The loop thread records writes into this turn's `Batch` without blocking; once per
+loop turn the batch is sealed and handed to the writer thread, which applies
+*everything pending* in one write transaction (LMDB commits are fsync'd: one fsync
+per transaction, not per message) and hands the completion back with
+`call_soon_threadsafe`.  Within a batch, a message or entry that is written and
+removed again (a fast consumer acknowledged it first) is never written at all
+(store/batch.py).  The writer thread runs as little Python as possible: the GIL it
+takes is the loop's.
 
 Layout (named databases):
   meta           format version, next message id
@@ -32,18 +34,13 @@ from typing import Any, Callable
 
 import lmdb
 
+from .batch import ENTRY_KEY, ENTRY_VAL, U32, U64, Batch
 from .stats import CommitStats
 from .base import FORMAT_VERSION, EntryRecord, QueueRecord, Snapshot, Store, StoreError, StoreFull
 
 log = logging.getLogger("amqpbroker.store")
 
-_ENTRY_KEY = struct.Struct(">IQ")
-_ENTRY_VAL = struct.Struct(">QIBBIdd")   # msg id, delivery-count, delivered, priority, size,
-                                          # expires-at, deliver-at (NaN: none); then group (utf-8)
-_SCAN_VAL = struct.Struct(">QIBBI")      # the head of _ENTRY_VAL: up to the size
-_NAN = float("nan")
-_U64 = struct.Struct(">Q")
-_U32 = struct.Struct(">I")
+_SCAN_VAL = struct.Struct(">QIBBI")      # the head of ENTRY_VAL: up to the size
 
 
 def _load_madvise() -> Callable[[int, int, int], int] | None:
@@ -64,9 +61,6 @@ _MADV_DONTNEED = 4
 MAP_RELEASE_INTERVAL = 2.0   # seconds: the writer unmaps touched store pages this often (when busy)
 MAP_RELEASE_IDLE = 0.5       # and this long after its last commit
 
-# Operation codes queued by the loop thread.
-NEW_ENTRY, UPDATE_ENTRY, DELETE_ENTRY, PUT_MSG, DROP_MSG, META, CALLBACK = range(7)
-
 
 class LmdbStore(Store):
     persistent = True
@@ -78,9 +72,9 @@ class LmdbStore(Store):
         self.max_map_size = max(max_map_size, map_size)
         self.env: lmdb.Environment | None = None
         self.loop: Any = None
-        self._local: list[tuple] = []          # loop thread: this turn's operations
+        self._local = Batch()                  # loop thread: this turn's writes
         self._handoff_scheduled = False
-        self._pending: list[list[tuple]] = []  # handed to the writer
+        self._pending: list[Batch] = []        # sealed, handed to the writer
         self._cv = threading.Condition()
         self._stop = False
         self._writer: threading.Thread | None = None
@@ -141,9 +135,9 @@ class LmdbStore(Store):
         snap = Snapshot()
         with self.env.begin() as txn:
             raw = txn.get(b"next_msg_id", db=d["meta"])
-            snap.next_msg_id = _U64.unpack(raw)[0] if raw else 1
+            snap.next_msg_id = U64.unpack(raw)[0] if raw else 1
             snap.exchanges = [json.loads(v) for _, v in txn.cursor(db=d["exchanges"])]
-            seqs = {_U32.unpack(k)[0]: _U64.unpack(v)[0] for k, v in txn.cursor(db=d["seqs"])}
+            seqs = {U32.unpack(k)[0]: U64.unpack(v)[0] for k, v in txn.cursor(db=d["seqs"])}
             for _, v in txn.cursor(db=d["queues"]):
                 rec = QueueRecord(**json.loads(v))
                 rec.last_seq = max(rec.last_seq, seqs.get(rec.queue_id, 0))
@@ -168,20 +162,23 @@ class LmdbStore(Store):
 
     # ------------------------------------------------------------------ queued writes
 
-    def _queue(self, op: tuple) -> None:
-        self._local.append(op)
+    def _current(self) -> Batch:
+        """This turn's batch; the hand-over to the writer is scheduled with its first write."""
         if not self._handoff_scheduled:
             self._handoff_scheduled = True
             self.loop.call_soon(self._handoff)
+        return self._local
 
     def _handoff(self) -> None:
         self._handoff_scheduled = False
-        ops, self._local = self._local, []
-        if not ops:
+        batch = self._local
+        if not batch.ops:
             return
+        self._local = Batch()
         self.batch += 1
+        batch.seal()
         with self._cv:
-            self._pending.append(ops)
+            self._pending.append(batch)
             self._cv.notify()
 
     def new_msg_id(self) -> int:
@@ -190,56 +187,60 @@ class LmdbStore(Store):
         return mid
 
     def save_exchange(self, name: str, kind: str) -> None:
-        self._queue((META, "put", "exchanges", name.encode(), json.dumps({"name": name, "type": kind}).encode()))
+        self._meta("put", "exchanges", name.encode(), json.dumps({"name": name, "type": kind}).encode())
 
     def delete_exchange(self, name: str) -> None:
-        self._queue((META, "del", "exchanges", name.encode(), None))
+        self._meta("del", "exchanges", name.encode(), None)
 
     def save_queue(self, record: QueueRecord) -> None:
-        self._queue((META, "put", "queues", record.name.encode(), json.dumps(record.__dict__).encode()))
+        self._meta("put", "queues", record.name.encode(), json.dumps(record.__dict__).encode())
 
     def delete_queue(self, queue_id: int, name: str) -> None:
-        self._queue((META, "del", "queues", name.encode(), None))
-        self._queue((META, "drop-queue-entries", "entries", _U32.pack(queue_id), None))
+        self._meta("del", "queues", name.encode(), None)
+        self._meta("drop-queue-entries", "entries", U32.pack(queue_id), None)
 
     def save_binding(self, exchange: str, key: str, queue: str, arguments: dict) -> None:
-        self._queue((META, "put", "bindings", json.dumps([exchange, key, queue]).encode(),
-                     json.dumps(arguments).encode()))
+        self._meta("put", "bindings", json.dumps([exchange, key, queue]).encode(), json.dumps(arguments).encode())
 
     def delete_binding(self, exchange: str, key: str, queue: str) -> None:
-        self._queue((META, "del", "bindings", json.dumps([exchange, key, queue]).encode(), None))
+        self._meta("del", "bindings", json.dumps([exchange, key, queue]).encode(), None)
 
     def save_subscription(self, queue: str, record: dict) -> None:
-        self._queue((META, "put", "subscriptions", queue.encode(), json.dumps(record).encode()))
+        self._meta("put", "subscriptions", queue.encode(), json.dumps(record).encode())
 
     def delete_subscription(self, queue: str) -> None:
-        self._queue((META, "del", "subscriptions", queue.encode(), None))
+        self._meta("del", "subscriptions", queue.encode(), None)
 
     def put_message(self, msg_id: int, raw: bytes) -> None:
-        self._queue((PUT_MSG, msg_id, raw))
+        self._current().put_message(msg_id, raw)
 
     def drop_message(self, msg_id: int) -> None:
-        self._queue((DROP_MSG, msg_id))
+        self._current().drop_message(msg_id)
+
+    def _meta(self, action: str, db: str, key: bytes, value: bytes | None) -> None:
+        self._current().put_meta(action, db, key, value)
 
     def put_entry(self, queue_id: int, record: EntryRecord) -> None:
-        self._queue((NEW_ENTRY, _ENTRY_KEY.pack(queue_id, record.seq), _encode_entry(record),
-                     queue_id, record.seq))
+        self._current().put_entry(queue_id, record)
 
     def update_entry(self, queue_id: int, record: EntryRecord) -> None:
-        self._queue((UPDATE_ENTRY, _ENTRY_KEY.pack(queue_id, record.seq), _encode_entry(record)))
+        self._current().update_entry(queue_id, record)
 
     def delete_entry(self, queue_id: int, seq: int) -> None:
-        self._queue((DELETE_ENTRY, _ENTRY_KEY.pack(queue_id, seq)))
+        self._current().delete_entry(queue_id, seq)
 
     def after_commit(self, callback: Callable[[BaseException | None], None]) -> None:
-        self._queue((CALLBACK, callback))
+        batch = self._current()
+        batch.ops += 1
+        batch.callbacks.append(callback)
 
     def flush(self, timeout: float = 30.0) -> None:
         """Block (loop thread) until everything queued so far is committed."""
         if self._writer is None:
             return
         done = threading.Event()
-        self._local.append((CALLBACK, lambda err: done.set(), True))
+        self._local.ops += 1
+        self._local.waiters.append(lambda err: done.set())
         self._handoff()
         if not done.wait(timeout):
             raise StoreError("store flush timed out")
@@ -248,10 +249,10 @@ class LmdbStore(Store):
 
     def read_message(self, msg_id: int) -> bytes | None:
         with self._read_lock, self.env.begin() as txn:
-            return txn.get(_U64.pack(msg_id), db=self._dbs["messages"])
+            return txn.get(U64.pack(msg_id), db=self._dbs["messages"])
 
     def read_messages(self, msg_ids: list[int]) -> list[bytes | None]:
-        pack = _U64.pack
+        pack = U64.pack
         with self._read_lock, self.env.begin() as txn:
             get = txn.get
             db = self._dbs["messages"]
@@ -259,25 +260,25 @@ class LmdbStore(Store):
 
     def read_entries(self, queue_id: int, after_seq: int, limit: int) -> list[EntryRecord]:
         out: list[EntryRecord] = []
-        prefix = _U32.pack(queue_id)
+        prefix = U32.pack(queue_id)
         with self._read_lock, self.env.begin() as txn:
             cur = txn.cursor(db=self._dbs["entries"])
-            if not cur.set_range(_ENTRY_KEY.pack(queue_id, after_seq + 1)):
+            if not cur.set_range(ENTRY_KEY.pack(queue_id, after_seq + 1)):
                 return out
             for key, val in cur:
                 if key[:4] != prefix or len(out) >= limit:
                     break
-                out.append(_decode_entry(_ENTRY_KEY.unpack(key)[1], val))
+                out.append(_decode_entry(ENTRY_KEY.unpack(key)[1], val))
         return out
 
     def scan_entries(self, queue_id: int, after_seq: int, limit: int) -> list[tuple[int, int, int, bool]]:
         out: list[tuple[int, int, int, bool]] = []
-        prefix = _U32.pack(queue_id)
-        key_seq = _ENTRY_KEY.unpack
+        prefix = U32.pack(queue_id)
+        key_seq = ENTRY_KEY.unpack
         head = _SCAN_VAL.unpack_from
         with self._read_lock, self.env.begin() as txn:
             cur = txn.cursor(db=self._dbs["entries"])
-            if not cur.set_range(_ENTRY_KEY.pack(queue_id, after_seq + 1)):
+            if not cur.set_range(ENTRY_KEY.pack(queue_id, after_seq + 1)):
                 return out
             append = out.append
             for key, val in cur:
@@ -290,7 +291,7 @@ class LmdbStore(Store):
     def message_id_range(self) -> tuple[int, int]:
         with self._read_lock, self.env.begin() as txn:
             cur = txn.cursor(db=self._dbs["messages"])
-            lo = _U64.unpack(cur.key())[0] if cur.first() else 1
+            lo = U64.unpack(cur.key())[0] if cur.first() else 1
         return lo, self._next_msg_id - 1
 
     def release_map(self) -> int:
@@ -320,7 +321,7 @@ class LmdbStore(Store):
 
     def count_entries(self, queue_id: int) -> int:
         n = 0
-        prefix = _U32.pack(queue_id)
+        prefix = U32.pack(queue_id)
         with self._read_lock, self.env.begin() as txn:
             cur = txn.cursor(db=self._dbs["entries"])
             if cur.set_range(prefix):
@@ -333,16 +334,16 @@ class LmdbStore(Store):
     def read_last_seq(self, queue_id: int) -> int:
         """The last sequence number committed for a queue (0: none yet)."""
         with self._read_lock, self.env.begin() as txn:
-            raw = txn.get(_U32.pack(queue_id), db=self._dbs["seqs"])
-        return _U64.unpack(raw)[0] if raw else 0
+            raw = txn.get(U32.pack(queue_id), db=self._dbs["seqs"])
+        return U64.unpack(raw)[0] if raw else 0
 
     # Small keyed records beside the broker model (duplicate-detection ids, log
     # reader claims: server/sequence.py), written in the same batches as messages.
     def put_record(self, db: str, key: bytes, value: bytes) -> None:
-        self._queue((META, "put", db, key, value))
+        self._meta("put", db, key, value)
 
     def delete_record(self, db: str, key: bytes) -> None:
-        self._queue((META, "del", db, key, None))
+        self._meta("del", db, key, None)
 
     def read_records(self, db: str) -> list[tuple[bytes, bytes]]:
         with self._read_lock, self.env.begin() as txn:
@@ -365,42 +366,43 @@ class LmdbStore(Store):
                 self._map_touched = False
                 self.release_map()
                 continue
-            ops = [op for batch in batches for op in batch]
-            callbacks = [op[1] for op in ops if op[0] == CALLBACK and len(op) == 2]
-            # flush() waiters block the loop thread: wake them from here.
-            direct = [op[1] for op in ops if op[0] == CALLBACK and len(op) == 3]
+            callbacks = [cb for b in batches for cb in b.callbacks]
+            waiters = [cb for b in batches for cb in b.waiters]   # flush(): the loop thread blocks
+            ops = sum(b.ops for b in batches)
             error: BaseException | None = None
             started = time.perf_counter()
-            plan = _Plan(ops)
             try:
-                self._commit(plan)
+                self._commit(batches)
             except BaseException as exc:  # handed to the callbacks: producers are told
                 error = exc
-                log.error("store commit of %d operation(s) failed: %s", len(ops), exc)
+                log.error("store commit of %d operation(s) failed: %s", ops, exc)
             self.commits += 1
-            self.last_batch_ops = len(ops)
+            self.last_batch_ops = ops
             elapsed = time.perf_counter() - started
             self.commit_seconds_total += elapsed
-            self.commit_stats.observe(elapsed, len(ops))
-            if error is not None and plan.entry_new and self.on_lost_entries is not None:
+            self.commit_stats.observe(elapsed, ops)
+            if error is not None and self.on_lost_entries is not None:
                 # Before the callbacks: the broker drops these entries from its queues
                 # before producers are told their messages were rejected.
-                lost = [_ENTRY_KEY.unpack(key) for key in plan.entry_new]
-                self.loop.call_soon_threadsafe(self.on_lost_entries, lost)
+                lost = [ENTRY_KEY.unpack(key) for b in batches for key in b.new_keys]
+                if lost:
+                    self.loop.call_soon_threadsafe(self.on_lost_entries, lost)
             if callbacks:
                 self.loop.call_soon_threadsafe(_run_callbacks, callbacks, error)
-            _run_callbacks(direct, error)
+            _run_callbacks(waiters, error)
             self._map_touched = True
             if started >= self._release_at:   # after the callbacks: nobody waits on this
                 self._release_at = started + MAP_RELEASE_INTERVAL
                 self._map_touched = False
                 self.release_map()
 
-    def _commit(self, plan: "_Plan") -> None:
+    def _commit(self, batches: list[Batch]) -> None:
+        """Apply the batches, in hand-over order, in one transaction (one fsync)."""
         while True:
             try:
                 with self.env.begin(write=True) as txn:
-                    plan.apply(txn, self._dbs)
+                    for batch in batches:
+                        batch.apply(txn, self._dbs)
                 if self.full:
                     self.full = self._usage() > 0.9
                 return
@@ -408,7 +410,7 @@ class LmdbStore(Store):
                 size = self.env.info()["map_size"]
                 if size >= self.max_map_size:
                     self.full = True
-                    self._commit_removals(plan)
+                    self._commit_removals(batches)
                     raise StoreFull(f"store map reached its maximum of {self.max_map_size} bytes")
                 size = min(size * 2, self.max_map_size)
                 with self._read_lock:
@@ -418,15 +420,15 @@ class LmdbStore(Store):
                 self.full = True
                 raise StoreFull(f"disk full: {exc}") from exc
 
-    def _commit_removals(self, plan: "_Plan") -> None:
+    def _commit_removals(self, batches: list[Batch]) -> None:
         """The batch does not fit: still commit what it removes (acknowledged entries,
         dropped messages, deleted entities) and the updates of entries already stored.
         The broker already forgot those; losing them would leak the space (the store
         would stay full) and bring acknowledged messages back after a restart."""
-        removals = plan.removals_only()
         try:
             with self.env.begin(write=True) as txn:
-                removals.apply(txn, self._dbs)
+                for batch in batches:
+                    batch.removals_only().apply(txn, self._dbs)
         except lmdb.Error as exc:
             log.error("store: the removals of a batch that did not fit failed too: %s", exc)
 
@@ -443,16 +445,9 @@ class LmdbStore(Store):
         return pages * main["psize"] / info["map_size"]
 
 
-def _encode_entry(r: EntryRecord) -> bytes:
-    head = _ENTRY_VAL.pack(r.msg_id, r.delivery_count, r.delivered, r.priority, r.size,
-                           _NAN if r.expires_at is None else r.expires_at,
-                           _NAN if r.deliver_at is None else r.deliver_at)
-    return head if r.group is None else head + r.group.encode()
-
-
 def _decode_entry(seq: int, val: bytes) -> EntryRecord:
-    msg_id, count, delivered, priority, size, expires, deliver = _ENTRY_VAL.unpack_from(val)
-    group = val[_ENTRY_VAL.size:]
+    msg_id, count, delivered, priority, size, expires, deliver = ENTRY_VAL.unpack_from(val)
+    group = val[ENTRY_VAL.size:]
     return EntryRecord(seq, msg_id, count, bool(delivered), priority, size,
                        None if expires != expires else expires, None if deliver != deliver else deliver,
                        bytes(group).decode() if group else None)
@@ -464,81 +459,3 @@ def _run_callbacks(callbacks: list, error: BaseException | None) -> None:
             cb(error)
         except Exception:  # one bad callback must not starve the others
             log.exception("store callback failed")
-
-
-class _Plan:
-    """A batch of operations coalesced: entries and messages written and removed in
-    the same batch cancel out; everything else applies in order."""
-
-    def __init__(self, ops: list[tuple]):
-        self.entry_puts: dict[bytes, bytes] = {}
-        self.entry_new: set[bytes] = set()
-        self.entry_dels: set[bytes] = set()
-        self.msg_puts: dict[int, bytes] = {}
-        self.msg_dels: set[int] = set()
-        self.meta: list[tuple] = []
-        self.last_seq: dict[int, int] = {}
-        self.max_msg_id = 0
-        for op in ops:
-            code = op[0]
-            if code == NEW_ENTRY:
-                _, key, val, qid, seq = op
-                self.entry_puts[key] = val
-                self.entry_new.add(key)
-                if seq > self.last_seq.get(qid, 0):
-                    self.last_seq[qid] = seq
-            elif code == UPDATE_ENTRY:
-                if op[1] not in self.entry_dels:
-                    self.entry_puts[op[1]] = op[2]
-            elif code == DELETE_ENTRY:
-                key = op[1]
-                self.entry_puts.pop(key, None)
-                if key in self.entry_new:
-                    self.entry_new.discard(key)
-                else:
-                    self.entry_dels.add(key)
-            elif code == PUT_MSG:
-                self.msg_puts[op[1]] = op[2]
-                if op[1] > self.max_msg_id:
-                    self.max_msg_id = op[1]
-            elif code == DROP_MSG:
-                if self.msg_puts.pop(op[1], None) is None:
-                    self.msg_dels.add(op[1])
-            elif code == META:
-                self.meta.append(op)
-
-    def removals_only(self) -> "_Plan":
-        """This batch without what takes space: new entries, messages, entity writes."""
-        plan = _Plan([])
-        plan.entry_dels = self.entry_dels
-        plan.entry_puts = {k: v for k, v in self.entry_puts.items() if k not in self.entry_new}
-        plan.msg_dels = self.msg_dels
-        plan.meta = [op for op in self.meta if op[1] != "put"]
-        return plan
-
-    def apply(self, txn: lmdb.Transaction, dbs: dict) -> None:
-        for _, action, db, key, val in self.meta:
-            if action == "put":
-                txn.put(key, val, db=dbs[db])
-            elif action == "del":
-                txn.delete(key, db=dbs[db])
-            elif action == "drop-queue-entries":
-                cur = txn.cursor(db=dbs["entries"])
-                if cur.set_range(key):
-                    while cur.key()[:4] == key and cur.delete():
-                        pass
-                    for k in [k for k in self.entry_puts if k[:4] == key]:
-                        del self.entry_puts[k]
-        entries, messages = dbs["entries"], dbs["messages"]
-        for key in self.entry_dels:
-            txn.delete(key, db=entries)
-        for key, val in self.entry_puts.items():
-            txn.put(key, val, db=entries)
-        for mid in self.msg_dels:
-            txn.delete(_U64.pack(mid), db=messages)
-        for mid, raw in self.msg_puts.items():
-            txn.put(_U64.pack(mid), raw, db=messages)
-        for qid, seq in self.last_seq.items():
-            txn.put(_U32.pack(qid), _U64.pack(seq), db=dbs["seqs"])
-        if self.max_msg_id:
-            txn.put(b"next_msg_id", _U64.pack(self.max_msg_id + 1), db=dbs["meta"])

@@ -13,7 +13,7 @@ import lmdb
 import pytest
 
 from amqpbroker.store.base import FORMAT_VERSION, EntryRecord, QueueRecord, StoreError, StoreFull
-from amqpbroker.store.lmdb_store import LmdbStore, _Plan
+from amqpbroker.store.lmdb_store import LmdbStore
 
 MiB = 1 << 20
 
@@ -157,30 +157,6 @@ def test_put_and_delete_in_one_batch_never_reach_the_disk(opened, loop):
     assert store.read_entries(1, 0, 10) == []
     # 4 MiB written would have taken ~1024 overflow pages, even if freed in the same txn.
     assert store.env.info()["last_pgno"] - last_pgno < 64
-
-
-def test_plan_cancels_written_then_removed_entries_and_messages():
-    from amqpbroker.store import lmdb_store as m
-
-    ops = [
-        (m.PUT_MSG, 10, b"ten"),
-        (m.NEW_ENTRY, b"k1", b"v1", 1, 1),
-        (m.UPDATE_ENTRY, b"k1", b"v1-delivered"),
-        (m.DELETE_ENTRY, b"k1"),
-        (m.DROP_MSG, 10),
-        (m.DELETE_ENTRY, b"old"),        # an entry from an earlier batch: deleted on disk
-        (m.DROP_MSG, 7),
-        (m.PUT_MSG, 11, b"eleven"),
-        (m.NEW_ENTRY, b"k2", b"v2", 1, 2),
-        (m.UPDATE_ENTRY, b"k2", b"v2-delivered"),
-    ]
-    plan = _Plan(ops)
-    assert plan.msg_puts == {11: b"eleven"}
-    assert plan.msg_dels == {7}
-    assert plan.entry_puts == {b"k2": b"v2-delivered"}
-    assert plan.entry_dels == {b"old"}
-    assert plan.last_seq == {1: 2}, "the high-water mark counts the cancelled entry too"
-    assert plan.max_msg_id == 11
 
 
 def test_a_message_shared_by_entries_is_written_once_and_outlives_one_entry(opened, loop):

@@ -1,0 +1,146 @@
+"""One group commit's worth of store writes, coalesced as they are queued.
+
+The loop thread records every write of a loop turn straight into a `Batch` (no
+operation log to replay): an entry or message written and removed again before
+the batch is handed over (a consumer acknowledged it first) leaves nothing
+behind.  At hand-over, still on the loop thread, `seal()` encodes the entries
+that were queued as live objects, so a record carries the state its entry has
+then (a delivery made in the same turn marks it delivered without a second
+write).  The writer thread applies sealed batches in hand-over order inside one
+LMDB transaction: a later batch's removal of an earlier batch's write is just
+applied after it.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Callable
+
+import lmdb
+
+ENTRY_KEY = struct.Struct(">IQ")
+ENTRY_VAL = struct.Struct(">QIBBIdd")   # msg id, delivery-count, delivered, priority, size,
+                                         # expires-at, deliver-at (NaN: none); then group (utf-8)
+U64 = struct.Struct(">Q")
+U32 = struct.Struct(">I")
+_NAN = float("nan")
+_pack_val = ENTRY_VAL.pack
+
+
+def encode_entry(r: Any) -> bytes:
+    """An entry record's value.  `r` has the EntryRecord fields (msg_id, delivery_count,
+    delivered, priority, size, expires_at, deliver_at, group): a record, or a live
+    queue entry that presents them."""
+    expires, deliver, group = r.expires_at, r.deliver_at, r.group
+    head = _pack_val(r.msg_id, r.delivery_count, r.delivered, r.priority, r.size,
+                     _NAN if expires is None else expires, _NAN if deliver is None else deliver)
+    return head if group is None else head + group.encode()
+
+
+class Batch:
+    __slots__ = ("entry_new", "entry_puts", "entry_dels", "msg_puts", "msg_dels", "meta",
+                 "last_seq", "max_msg_id", "callbacks", "waiters", "ops", "new_keys")
+
+    def __init__(self) -> None:
+        self.entry_new: dict[bytes, Any] = {}     # key → live entry (encoded by seal())
+        self.entry_puts: dict[bytes, bytes] = {}  # key → encoded value (updates; new, once sealed)
+        self.entry_dels: set[bytes] = set()
+        self.msg_puts: dict[bytes, bytes] = {}    # packed msg id → raw message
+        self.msg_dels: set[bytes] = set()
+        self.meta: list[tuple] = []               # (action, db, key, value), in order
+        self.last_seq: dict[int, int] = {}        # queue id → highest sequence written
+        self.max_msg_id = 0
+        self.callbacks: list[Callable] = []       # run on the loop thread after the commit
+        self.waiters: list[Callable] = []         # run on the writer thread (flush())
+        self.ops = 0
+        self.new_keys: list[bytes] = []           # the new entries (sealed): lost if the commit fails
+
+    # ---- recording (loop thread)
+
+    def put_message(self, msg_id: int, raw: bytes) -> None:
+        self.ops += 1
+        self.msg_puts[U64.pack(msg_id)] = raw
+        if msg_id > self.max_msg_id:
+            self.max_msg_id = msg_id
+
+    def drop_message(self, msg_id: int) -> None:
+        self.ops += 1
+        key = U64.pack(msg_id)
+        if self.msg_puts.pop(key, None) is None:
+            self.msg_dels.add(key)
+
+    def put_entry(self, queue_id: int, record: Any) -> None:
+        self.ops += 1
+        seq = record.seq
+        self.entry_new[ENTRY_KEY.pack(queue_id, seq)] = record
+        if seq > self.last_seq.get(queue_id, 0):
+            self.last_seq[queue_id] = seq
+
+    def update_entry(self, queue_id: int, record: Any) -> None:
+        self.ops += 1
+        key = ENTRY_KEY.pack(queue_id, record.seq)
+        if key in self.entry_new:
+            self.entry_new[key] = record
+        elif key not in self.entry_dels:
+            self.entry_puts[key] = encode_entry(record)
+
+    def delete_entry(self, queue_id: int, seq: int) -> None:
+        self.ops += 1
+        key = ENTRY_KEY.pack(queue_id, seq)
+        if self.entry_new.pop(key, None) is None:
+            self.entry_puts.pop(key, None)
+            self.entry_dels.add(key)
+
+    def put_meta(self, action: str, db: str, key: bytes, value: bytes | None) -> None:
+        self.ops += 1
+        self.meta.append((action, db, key, value))
+
+    def seal(self) -> "Batch":
+        """Encode the live entries as they are now (loop thread, at hand-over)."""
+        if self.entry_new:
+            puts = self.entry_puts
+            for key, record in self.entry_new.items():
+                puts[key] = encode_entry(record)
+            self.new_keys = list(self.entry_new)
+            self.entry_new = {}
+        return self
+
+    # ---- applying (writer thread)
+
+    def removals_only(self) -> "Batch":
+        """This batch without what takes space: new entries, messages, entity writes."""
+        out = Batch()
+        new = set(self.new_keys)
+        out.entry_dels = self.entry_dels
+        out.entry_puts = {k: v for k, v in self.entry_puts.items() if k not in new}
+        out.msg_dels = self.msg_dels
+        out.meta = [op for op in self.meta if op[0] != "put"]
+        return out
+
+    def apply(self, txn: lmdb.Transaction, dbs: dict) -> None:
+        for action, db, key, val in self.meta:
+            if action == "put":
+                txn.put(key, val, db=dbs[db])
+            elif action == "del":
+                txn.delete(key, db=dbs[db])
+            elif action == "drop-queue-entries":
+                cur = txn.cursor(db=dbs["entries"])
+                if cur.set_range(key):
+                    while cur.key()[:4] == key and cur.delete():
+                        pass
+                for k in [k for k in self.entry_puts if k[:4] == key]:
+                    del self.entry_puts[k]
+        entries, messages = dbs["entries"], dbs["messages"]
+        delete = txn.delete
+        for key in self.entry_dels:
+            delete(key, db=entries)
+        if self.entry_puts:
+            txn.cursor(db=entries).putmulti(self.entry_puts.items())
+        for key in self.msg_dels:
+            delete(key, db=messages)
+        if self.msg_puts:
+            txn.cursor(db=messages).putmulti(self.msg_puts.items())
+        for qid, seq in self.last_seq.items():
+            txn.put(U32.pack(qid), U64.pack(seq), db=dbs["seqs"])
+        if self.max_msg_id:
+            txn.put(b"next_msg_id", U64.pack(self.max_msg_id + 1), db=dbs["meta"])

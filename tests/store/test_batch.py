@@ -1,0 +1,84 @@
+"""Batch: the coalescing of one loop turn's store writes (store/batch.py), without
+LMDB: what a batch would write is read off its dictionaries."""
+
+from __future__ import annotations
+
+from amqpbroker.core.message import Message
+from amqpbroker.core.queues import Entry
+from amqpbroker.store.base import EntryRecord
+from amqpbroker.store.batch import ENTRY_KEY, U64, Batch, encode_entry
+from amqpbroker.store.lmdb_store import _decode_entry
+
+
+def key(qid: int, seq: int) -> bytes:
+    return ENTRY_KEY.pack(qid, seq)
+
+
+def test_written_then_removed_entries_and_messages_cancel_out():
+    b = Batch()
+    b.put_message(10, b"ten")
+    b.put_entry(1, EntryRecord(1, 10, 0))
+    b.update_entry(1, EntryRecord(1, 10, 0, True))
+    b.delete_entry(1, 1)
+    b.drop_message(10)
+    b.delete_entry(1, 99)            # an entry from an earlier batch: deleted on disk
+    b.drop_message(7)
+    b.put_message(11, b"eleven")
+    b.put_entry(1, EntryRecord(2, 11, 0))
+    b.update_entry(1, EntryRecord(2, 11, 0, True))
+    b.seal()
+    assert b.msg_puts == {U64.pack(11): b"eleven"}
+    assert b.msg_dels == {U64.pack(7)}
+    assert b.entry_puts == {key(1, 2): encode_entry(EntryRecord(2, 11, 0, True))}
+    assert b.entry_dels == {key(1, 99)}
+    assert b.new_keys == [key(1, 2)]
+    assert b.last_seq == {1: 2}, "the high-water mark counts the cancelled entry too"
+    assert b.max_msg_id == 11
+    assert b.ops == 10
+
+
+def test_an_update_of_an_entry_stored_earlier_is_encoded_at_once():
+    b = Batch()
+    rec = EntryRecord(5, 50, 1, True)
+    b.update_entry(3, rec)
+    rec.delivery_count = 9               # a snapshot: later changes are not seen
+    assert _decode_entry(5, b.entry_puts[key(3, 5)]) == EntryRecord(5, 50, 1, True)
+    b.delete_entry(3, 5)
+    b.update_entry(3, EntryRecord(5, 50, 2))   # removed in this batch: stays removed
+    assert key(3, 5) not in b.entry_puts and b.entry_dels == {key(3, 5)}
+
+
+def test_a_live_entry_is_written_as_it_is_at_hand_over():
+    """A durable entry delivered in the turn it arrived is written once, already
+    marked delivered (no second write for the mark); one released again is not."""
+    msg = Message(b"\x00\x53\x70\x45\x00\x53\x75\xa0\x01x")
+    delivered, returned = Entry(msg, 1), Entry(msg, 2)
+    for e in (delivered, returned):
+        e.store_ref = 42
+    b = Batch()
+    b.put_entry(4, delivered)
+    b.put_entry(4, returned)
+    delivered.consumer = object()             # a consumer took it this turn
+    returned.delivery_count = 1               # taken, then modified (delivery-failed) back
+    b.seal()
+    got = {k: _decode_entry(ENTRY_KEY.unpack(k)[1], v) for k, v in b.entry_puts.items()}
+    assert got[key(4, 1)].delivered is True and got[key(4, 1)].delivery_count == 0
+    assert got[key(4, 2)].delivered is False and got[key(4, 2)].delivery_count == 1
+    assert got[key(4, 1)].msg_id == 42 and got[key(4, 1)].size == msg.size
+    assert b.entry_new == {} and set(b.new_keys) == {key(4, 1), key(4, 2)}
+
+
+def test_removals_only_keeps_what_frees_space():
+    b = Batch()
+    b.put_message(1, b"new")
+    b.put_entry(1, EntryRecord(1, 1, 0))
+    b.update_entry(1, EntryRecord(7, 3, 1, True))   # stored earlier: an update, kept
+    b.delete_entry(2, 4)
+    b.drop_message(9)
+    b.put_meta("put", "queues", b"q", b"{}")
+    b.put_meta("del", "bindings", b"x", None)
+    b.seal()
+    r = b.removals_only()
+    assert r.msg_puts == {} and r.msg_dels == {U64.pack(9)}
+    assert set(r.entry_puts) == {key(1, 7)} and r.entry_dels == {key(2, 4)}
+    assert r.meta == [("del", "bindings", b"x", None)]
