@@ -8,6 +8,7 @@ when it must.  Sections other than the header are decoded on first use and cache
 
 from __future__ import annotations
 
+import struct
 import time
 from typing import Any, Callable
 
@@ -45,6 +46,8 @@ _PROPERTY_FIELDS = (
     "group_id", "group_sequence", "reply_to_group_id",
 )
 _PROPERTY_INDEX = {name: i for i, name in enumerate(_PROPERTY_FIELDS)}
+_ABSOLUTE_EXPIRY_TIME = _PROPERTY_INDEX["absolute_expiry_time"]
+_GROUP_ID = _PROPERTY_INDEX["group_id"]
 
 DEFAULT_PRIORITY = 4  # AMQP 1.0 §3.2.1
 
@@ -89,13 +92,15 @@ class Message:
 
     def _read_header(self, span: tuple[int, int]) -> None:
         start, end = span
-        try:
-            fields, _ = decode(self.raw, start)
-        except DecodeError as exc:
-            raise MalformedMessage(f"bad header section: {exc}") from exc
-        if not isinstance(fields, list):
-            raise MalformedMessage("header section is not a list")
-        fields = fields + [None] * (5 - len(fields))
+        fields = _header_fields(self.raw, start)
+        if fields is None:   # an encoding the fast path does not take: the general decoder
+            try:
+                fields, _ = decode(self.raw, start)
+            except DecodeError as exc:
+                raise MalformedMessage(f"bad header section: {exc}") from exc
+            if not isinstance(fields, list):
+                raise MalformedMessage("header section is not a list")
+            fields = fields + [None] * (5 - len(fields))
         self.durable = bool(fields[0])
         self.priority = DEFAULT_PRIORITY if fields[1] is None else int(fields[1])
         self.ttl = None if fields[2] is None else int(fields[2])
@@ -129,6 +134,29 @@ class Message:
     def prop(self, name: str) -> Any:
         return self.properties[_PROPERTY_INDEX[name]]
 
+    def _prop_at(self, index: int) -> Any:
+        """One properties field without decoding the list (routing reads one or
+        two fields of every message): absent when the list is shorter, else the
+        fields before it are skipped over."""
+        if self._props is not None:
+            return self._props[index]
+        span = self._spans.get(PROPERTIES)
+        if span is None:
+            return None
+        raw = self.raw
+        head = _list_head(raw, span[0])
+        if head is None:
+            return self.properties[index]   # not a list: properties raises the error
+        count, off = head
+        if index >= count:
+            return None
+        try:
+            for _ in range(index):
+                off = skip(raw, off)
+            return decode(raw, off)[0]
+        except DecodeError as exc:
+            raise MalformedMessage(f"bad properties section: {exc}") from exc
+
     @property
     def application_properties(self) -> dict:
         if self._app is None:
@@ -149,9 +177,7 @@ class Message:
 
     def group_id(self) -> str | None:
         """JMSXGroupID (properties group-id, §3.2.4), or None."""
-        if PROPERTIES not in self._spans:
-            return None
-        group = self.prop("group_id")
+        group = self._prop_at(_GROUP_ID)
         return None if group is None else str(group)
 
     def body(self) -> Any:
@@ -169,10 +195,9 @@ class Message:
         candidates = []
         if self.ttl is not None:
             candidates.append(self.arrival + self.ttl / 1000.0)
-        if PROPERTIES in self._spans:
-            absolute = self.prop("absolute_expiry_time")
-            if absolute:
-                candidates.append(absolute / 1000.0)
+        absolute = self._prop_at(_ABSOLUTE_EXPIRY_TIME)
+        if absolute:
+            candidates.append(absolute / 1000.0)
         return min(candidates) if candidates else None
 
     def delivery_time(self) -> float | None:
@@ -204,6 +229,13 @@ def encode_header(durable: bool, priority: int, ttl: int | None, first_acquirer:
     return b"\x00\x53\x70" + encode(fields)
 
 
+_u32 = struct.Struct(">I").unpack_from
+# Constructors whose size follows in one byte / four bytes (binary, string, symbol,
+# list, map, array: AMQP 1.0 §1.6): a section's end without walking its contents.
+_SIZE8 = frozenset((0xA0, 0xA1, 0xA3, 0xC0, 0xC1, 0xE0))
+_SIZE32 = frozenset((0xB0, 0xB1, 0xB3, 0xD0, 0xD1, 0xF0))
+
+
 def _scan(raw: bytes) -> dict[int, tuple[int, int]]:
     """Map section code → (value start, section end). Body sections may repeat
     (several data sections): the first one is recorded."""
@@ -222,14 +254,66 @@ def _scan(raw: bytes) -> dict[int, tuple[int, int]]:
                 code = _SECTION_SYMBOLS.get(descriptor, descriptor) if isinstance(descriptor, str) else int(descriptor)
             if not HEADER <= code <= FOOTER:
                 raise MalformedMessage(f"unknown section descriptor {code!r}")
-            end = skip(raw, value_start)
+            c = raw[value_start]
+            if c in _SIZE8:
+                end = value_start + 2 + raw[value_start + 1]
+            elif c in _SIZE32:
+                end = value_start + 5 + _u32(raw, value_start + 1)[0]
+            else:
+                end = skip(raw, value_start)
             if end > n:
                 raise MalformedMessage("section runs past the end of the message")
             spans.setdefault(code, (value_start, end))
             off = end
-    except (DecodeError, IndexError) as exc:
+    except (DecodeError, IndexError, struct.error) as exc:
         raise MalformedMessage(f"malformed message: {exc}") from exc
     return spans
+
+
+def _list_head(raw: bytes, off: int) -> tuple[int, int] | None:
+    """(element count, offset of the first element) of the list at `off`; None
+    when the value there is not a list."""
+    c = raw[off]
+    if c == 0x45:
+        return 0, off + 1
+    if c == 0xC0:
+        return raw[off + 2], off + 3
+    if c == 0xD0:
+        return _u32(raw, off + 5)[0], off + 9
+    return None
+
+
+def _header_fields(raw: bytes, start: int) -> list | None:
+    """The five header fields (§3.2.1) in the encodings clients use (null, booleans,
+    ubyte, uint in its three forms), read without the general decoder; None for
+    anything else (the caller decodes, and reports what is wrong)."""
+    try:
+        head = _list_head(raw, start)
+        if head is None:
+            return None
+        count, off = head
+        fields = [None, None, None, None, None]
+        for i in range(count if count < 5 else 5):
+            c = raw[off]
+            if c == 0x40:
+                off += 1
+            elif c == 0x41 or c == 0x42:
+                fields[i] = c == 0x41
+                off += 1
+            elif c == 0x50 or c == 0x52 or c == 0x56:
+                fields[i] = raw[off + 1]
+                off += 2
+            elif c == 0x43:
+                fields[i] = 0
+                off += 1
+            elif c == 0x70:
+                fields[i] = _u32(raw, off + 1)[0]
+                off += 5
+            else:
+                return None
+        return fields
+    except (IndexError, struct.error):
+        return None
 
 
 # JMS header names → how to read them, per the AMQP JMS Mapping (OASIS amqp-bindmap-jms)

@@ -58,3 +58,34 @@ def test_selector_lookup_maps_jms_headers():
     assert look("JMSMessageID") == "ID:1" and look("JMSCorrelationID") == "c"
     assert look("JMSXGroupID") == "g" and look("JMSTimestamp") == 12000
     assert look("color") == "blue" and look("missing") is None
+
+
+@pytest.mark.parametrize("fields, expected", [
+    # durable, priority, ttl, first-acquirer, delivery-count in the encodings seen on the wire
+    (b"\xc0\x0c\x05\x41\x50\x07\x70\x00\x00\x27\x10\x42\x52\x03", (True, 7, 10000, False, 3)),
+    (b"\xc0\x09\x05\x56\x01\x40\x52\x05\x56\x01\x43", (True, 4, 5, True, 0)),
+    (b"\x45", (False, 4, None, False, 0)),
+    (b"\xd0\x00\x00\x00\x07\x00\x00\x00\x02\x42\x50\x09", (False, 9, None, False, 0)),
+    # ttl as a ulong is not the header's type but decodes through the general path
+    (b"\xc0\x0c\x03\x41\x40\x80\x00\x00\x00\x00\x00\x00\x00\x64", (True, 4, 100, False, 0)),
+])
+def test_header_encodings(fields, expected):
+    msg = Message(b"\x00\x53\x70" + fields + b"\x00\x53\x75\xa0\x01x")
+    assert (msg.durable, msg.priority, msg.ttl, msg.first_acquirer, msg.delivery_count) == expected
+
+
+def test_bad_header_is_malformed():
+    with pytest.raises(MalformedMessage):
+        Message(b"\x00\x53\x70\xa1\x01x")   # a string, not a list
+
+
+def test_routing_fields_read_without_decoding_other_properties():
+    long = PnMessage(id="ID:1", address="q", group_id="g-1", expiry_time=2_000_000_000.0, body="x")
+    msg = Message(long.encode())
+    assert msg._props is None
+    assert msg.group_id() == "g-1"
+    assert msg.expiry_time() == pytest.approx(2_000_000_000.0)
+    assert msg._props is None, "group-id and absolute-expiry-time alone do not decode the list"
+    short = Message(PnMessage(id="ID:2", address="q", body="x").encode())   # list ends before them
+    assert short.group_id() is None and short.expiry_time() is None
+    assert Message(PnMessage(id="ID:3", group_id="g-3", body="x").encode()).prop("group_id") == "g-3"
