@@ -22,7 +22,7 @@ from dataclasses import replace
 from ..core.addresses import Resolution
 from .attach import AttachRefused, ConsumerAttacher, temp_name
 from .links import ACCEPTED, REJECTED, LinkConsumer, Producer, link_key
-from cproton import addressof, lib
+from cproton import lib
 from .coordinator import TRANSACTIONAL_STATE, Coordinator, stage_ack, stage_send
 from .terminus import read_target, write_null, write_target
 from .sequence import CONTROL_ADDRESSES, RangeReader, attach_control, dedup_publish
@@ -361,14 +361,14 @@ class ConnectionHandler:
     # The two per-message events arrive as raw pointers (see engine._process).
 
     def on_link_flow_raw(self, link: Any) -> None:
-        endpoint = self.endpoints.get(addressof(link))
+        endpoint = self.endpoints.get(link)
         if endpoint is not None and endpoint.__class__ is LinkConsumer:
             endpoint.on_flow()
         elif endpoint is not None and endpoint.__class__ is RangeReader:
             endpoint.on_flow()
 
     def on_delivery_raw(self, dlv: Any) -> None:
-        endpoint = self.endpoints.get(addressof(lib.pn_delivery_link(dlv)))
+        endpoint = self.endpoints.get(lib.pn_delivery_link(dlv))
         if endpoint is None:
             lib.pn_delivery_settle(dlv)
         else:

@@ -15,7 +15,7 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from cproton import addressof, ffi, lib
+from cproton import ffi, lib
 from proton import Condition, Delivery, Link
 
 from ..core.message import MalformedMessage, selector_lookup
@@ -53,8 +53,9 @@ class LinkConsumer:
         self.browser = browser
         self.filtered = selector is not None or no_local
         self.presettled = link.snd_settle_mode == Link.SND_SETTLED
-        self.unsettled: dict[int, Entry] = {}   # delivery address → entry, in send order
-        self.browsed: set[int] = set()           # browser copies awaiting the peer's settle
+        # Keyed by the raw pn_delivery_t* (cffi pointers hash and compare by address).
+        self.unsettled: dict[Any, Entry] = {}   # delivery → entry, in send order
+        self.browsed: set[Any] = set()           # browser copies awaiting the peer's settle
         self.browse_cursor = 0
         self.temp_node: tuple[str, str] | None = None   # dynamic node this link created
         self._tag = 0
@@ -100,7 +101,7 @@ class LinkConsumer:
             lib.pn_delivery_settle(dlv)
             self.queue.settle(entry, Outcome.ACCEPTED)
         else:
-            self.unsettled[addressof(dlv)] = entry
+            self.unsettled[dlv] = entry
         self.handler.protocol.mark_dirty()
 
     def deliver_copy(self, entry: Entry) -> None:
@@ -109,7 +110,7 @@ class LinkConsumer:
         if self.presettled:
             lib.pn_delivery_settle(dlv)
         else:
-            self.browsed.add(addressof(dlv))
+            self.browsed.add(dlv)
         self.handler.protocol.mark_dirty()
 
     # --- proton events
@@ -127,7 +128,7 @@ class LinkConsumer:
         """A disposition from the consumer (dlv: raw pn_delivery_t*)."""
         if not (lib.pn_delivery_updated(dlv) or lib.pn_delivery_settled(dlv)):
             return
-        key = addressof(dlv)
+        key = dlv
         entry = self.unsettled.pop(key, None)
         if entry is None:
             self.browsed.discard(key)
@@ -270,6 +271,8 @@ class Producer:
         self.in_order.clear()
 
 
-def link_key(link: Link) -> int:
-    """A stable key for a proton link (Python wrappers are recreated per event)."""
-    return addressof(link._impl)
+def link_key(link: Link) -> Any:
+    """A stable key for a proton link (Python wrappers are recreated per event): its
+    raw pn_link_t*, equal to the pointer a raw event carries (cffi pointers hash
+    and compare by address)."""
+    return link._impl

@@ -22,44 +22,36 @@ Layout (named databases):
 
 from __future__ import annotations
 
-import ctypes
+import fcntl
 import json
 import logging
+import os
+import select
 import struct
+import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any, Callable
 
 import lmdb
 
-from .batch import ENTRY_KEY, ENTRY_VAL, U32, U64, Batch
-from .stats import CommitStats
+from . import writer as writer_proc
 from .base import FORMAT_VERSION, EntryRecord, QueueRecord, Snapshot, Store, StoreError, StoreFull
+from .batch import ENTRY_KEY, ENTRY_VAL, U32, U64, Batch
+from .maps import release_map
+from .stats import CommitStats
 
 log = logging.getLogger("amqpbroker.store")
 
 _SCAN_VAL = struct.Struct(">QIBBI")      # the head of ENTRY_VAL: up to the size
 
 
-def _load_madvise() -> Callable[[int, int, int], int] | None:
-    """libc madvise(2) (release_map), or None off Linux."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_madvise = _load_madvise()
-_MADV_DONTNEED = 4
-MAP_RELEASE_INTERVAL = 2.0   # seconds: the writer unmaps touched store pages this often (when busy)
-MAP_RELEASE_IDLE = 0.5       # and this long after its last commit
+MAP_RELEASE_INTERVAL = 2.0   # seconds: the broker unmaps store pages its reads touched this often
+PIPE_SIZE = 1 << 20          # batches in flight to the writer (F_SETPIPE_SZ; the default is 64 KiB)
+_F_SETPIPE_SZ = 1031
 
 
 class LmdbStore(Store):
@@ -74,15 +66,15 @@ class LmdbStore(Store):
         self.loop: Any = None
         self._local = Batch()                  # loop thread: this turn's writes
         self._handoff_scheduled = False
-        self._pending: list[Batch] = []        # sealed, handed to the writer
-        self._cv = threading.Condition()
-        self._stop = False
-        self._writer: threading.Thread | None = None
+        self._writer: subprocess.Popen | None = None
+        self._inflight: deque[tuple[int, Batch]] = deque()   # sent, not yet committed
+        self._out = bytearray()                 # frames the writer's pipe did not take yet
+        self._results = bytearray()
+        self._writer_lost = False
         self._read_lock = threading.Lock()
-        self._inflight = 0
-        self._map_touched = False               # writer thread: commits since release_map()
         self._release_at = 0.0
         self.full = False
+        self.map_size = 0                       # as the writer last reported it
         # Called on the loop thread with [(queue id, seq)] of new entries a failed
         # commit did not store (before that batch's callbacks run).
         self.on_lost_entries: Callable[[list[tuple[int, int]]], None] | None = None
@@ -116,9 +108,25 @@ class LmdbStore(Store):
                     f"this broker reads version {FORMAT_VERSION} only")
         snapshot = self._read_snapshot()
         self._next_msg_id = snapshot.next_msg_id
-        self._writer = threading.Thread(target=self._write_loop, name="amqpbroker-store", daemon=True)
-        self._writer.start()
+        self._start_writer()
         return snapshot
+
+    def _start_writer(self) -> None:
+        """The writer process (store/writer.py) on the same environment."""
+        size = self.map_size = self.env.info()["map_size"]
+        root = str(Path(__file__).resolve().parents[2])   # where this amqpbroker package lives
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+        self._writer = subprocess.Popen(
+            [sys.executable, "-m", "amqpbroker.store.writer", str(self.path), str(size), str(self.max_map_size)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True, env=env)
+        w, r = self._writer.stdin.fileno(), self._writer.stdout.fileno()
+        try:
+            fcntl.fcntl(w, _F_SETPIPE_SZ, PIPE_SIZE)
+        except OSError:
+            pass   # the default size works, with more waits in _send
+        os.set_blocking(w, False)
+        os.set_blocking(r, False)
+        self.loop.add_reader(r, self._on_results)
 
     def _grow_to_fit(self) -> None:
         """A store written with a larger map (it grew last run) opens at that size."""
@@ -152,12 +160,22 @@ class LmdbStore(Store):
     def close(self) -> None:
         if self._writer is None:
             return
-        self.flush()
-        with self._cv:
-            self._stop = True
-            self._cv.notify()
-        self._writer.join(30)
-        self._writer = None
+        writer = self._writer
+        try:
+            self._flush_with(writer)
+            self._writer = None
+            self._send_now(writer, writer_proc.frame(("stop",)))
+            writer.stdin.close()
+            writer.wait(30)
+        except (OSError, StoreError, subprocess.TimeoutExpired) as exc:
+            log.error("store writer did not stop cleanly: %s", exc)
+            self._writer = None
+            writer.kill()
+        try:
+            self.loop.remove_reader(writer.stdout.fileno())
+        except (ValueError, OSError, RuntimeError):
+            pass   # the loop is closed already
+        writer.stdout.close()
         self.env.close()
 
     # ------------------------------------------------------------------ queued writes
@@ -175,11 +193,136 @@ class LmdbStore(Store):
         if not batch.ops:
             return
         self._local = Batch()
+        number = self.batch
         self.batch += 1
         batch.seal()
-        with self._cv:
-            self._pending.append(batch)
-            self._cv.notify()
+        self._inflight.append((number, batch))
+        if self._writer_lost or self._writer is None:
+            self._settle(number, StoreError("the store writer process is gone"))
+            return
+        self._send(writer_proc.frame(("batch", number, writer_proc.batch_fields(batch))))
+
+    def _send(self, data: bytes) -> None:
+        """Queue a frame for the writer's pipe without blocking the loop."""
+        fd = self._writer.stdin.fileno()
+        if not self._out:
+            try:
+                n = os.write(fd, data)
+            except BlockingIOError:
+                n = 0
+            except OSError as exc:
+                self._lost(exc)
+                return
+            if n == len(data):
+                return
+            data = data[n:]
+            self.loop.add_writer(fd, self._drain_out)
+        self._out += data
+
+    def _drain_out(self) -> None:
+        fd = self._writer.stdin.fileno() if self._writer is not None else None
+        try:
+            n = os.write(fd, self._out) if fd is not None else len(self._out)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            n = len(self._out)
+            self._lost(exc)
+        del self._out[:n]
+        if not self._out and fd is not None:
+            self.loop.remove_writer(fd)
+
+    def _send_now(self, writer: subprocess.Popen, data: bytes) -> None:
+        """Write everything queued plus `data`, blocking (flush, close)."""
+        fd = writer.stdin.fileno()
+        if self._out:
+            try:
+                self.loop.remove_writer(fd)
+            except (ValueError, OSError, RuntimeError):
+                pass
+        pending = bytes(self._out) + data
+        self._out.clear()
+        view = memoryview(pending)
+        os.set_blocking(fd, True)
+        try:
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.set_blocking(fd, False)
+
+    # ------------------------------------------------------------------ commit results
+
+    def _on_results(self) -> None:
+        """The writer reported commits (loop thread, via add_reader)."""
+        if self._writer is None:
+            return
+        try:
+            chunk = os.read(self._writer.stdout.fileno(), 65536)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            chunk = b""
+            log.error("store writer result pipe failed: %s", exc)
+        if not chunk:
+            self._lost(EOFError("the store writer process exited"))
+            return
+        self._results += chunk
+        for result in writer_proc.take_frames(self._results):
+            self._apply_result(result)
+
+    def _apply_result(self, result: tuple, defer: bool = False) -> None:
+        number, kind, text, elapsed, ops, full, map_size = result
+        self.commits += 1
+        self.last_batch_ops = ops
+        self.commit_seconds_total += elapsed
+        self.commit_stats.observe(elapsed, ops)
+        self.full = full
+        if map_size > self.map_size:
+            self.map_size = map_size
+            with self._read_lock:   # no read transaction is open outside it
+                self.env.set_mapsize(0)   # adopt the size the writer grew the map to
+        error = None
+        if kind is not None:
+            error = StoreFull(text) if kind == "full" else StoreError(text)
+        self._settle(number, error, defer)
+        now = time.monotonic()
+        if now >= self._release_at:   # pages this process read (page-in) leave its RSS too
+            self._release_at = now + MAP_RELEASE_INTERVAL
+            self.release_map()
+
+    def _settle(self, number: int, error: BaseException | None, defer: bool = False) -> None:
+        """Every batch up to `number` is committed (or failed with `error`).  Deferred
+        (flush): the callbacks run from the loop, as they would have without it."""
+        done: list[Batch] = []
+        inflight = self._inflight
+        while inflight and inflight[0][0] <= number:
+            done.append(inflight.popleft()[1])
+        for b in done:
+            _run_callbacks(b.waiters, error)
+        if defer and not self.loop.is_closed():
+            self.loop.call_soon(self._finish, done, error)
+        else:
+            self._finish(done, error)
+
+    def _finish(self, done: list[Batch], error: BaseException | None) -> None:
+        if error is not None and self.on_lost_entries is not None:
+            # Before the callbacks: the broker drops these entries from its queues
+            # before producers are told their messages were rejected.
+            lost = [ENTRY_KEY.unpack(key) for b in done for key in b.new_keys]
+            if lost:
+                self.on_lost_entries(lost)
+        for b in done:
+            _run_callbacks(b.callbacks, error)
+
+    def _lost(self, exc: BaseException) -> None:
+        """The writer process died: nothing more can be made durable."""
+        if self._writer_lost:
+            return
+        self._writer_lost = True
+        self.full = True
+        log.error("store writer process lost (%s): durable messages are refused from now on", exc)
+        if self._inflight:
+            self._settle(self._inflight[-1][0], StoreError(f"the store writer process is gone: {exc}"))
 
     def new_msg_id(self) -> int:
         mid = self._next_msg_id
@@ -236,24 +379,41 @@ class LmdbStore(Store):
 
     def flush(self, timeout: float = 30.0) -> None:
         """Block (loop thread) until everything queued so far is committed."""
-        if self._writer is None:
-            return
-        done = threading.Event()
-        self._local.ops += 1
-        self._local.waiters.append(lambda err: done.set())
+        if self._writer is not None:
+            self._flush_with(self._writer, timeout)
+
+    def _flush_with(self, writer: subprocess.Popen, timeout: float = 30.0) -> None:
         self._handoff()
-        if not done.wait(timeout):
-            raise StoreError("store flush timed out")
+        if not self._inflight or self._writer_lost:
+            return
+        target = self._inflight[-1][0]
+        self._send_now(writer, b"")
+        fd = writer.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while self._inflight and self._inflight[0][0] <= target:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise StoreError("store flush timed out")
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                self._lost(EOFError("the store writer process exited"))
+                return
+            self._results += chunk
+            for result in writer_proc.take_frames(self._results):
+                self._apply_result(result, defer=True)
 
     # ------------------------------------------------------------------ reads
 
     def read_message(self, msg_id: int) -> bytes | None:
-        with self._read_lock, self.env.begin() as txn:
+        with self._read_lock, self._begin() as txn:
             return txn.get(U64.pack(msg_id), db=self._dbs["messages"])
 
     def read_messages(self, msg_ids: list[int]) -> list[bytes | None]:
         pack = U64.pack
-        with self._read_lock, self.env.begin() as txn:
+        with self._read_lock, self._begin() as txn:
             get = txn.get
             db = self._dbs["messages"]
             return [get(pack(mid), db=db) for mid in msg_ids]
@@ -261,7 +421,7 @@ class LmdbStore(Store):
     def read_entries(self, queue_id: int, after_seq: int, limit: int) -> list[EntryRecord]:
         out: list[EntryRecord] = []
         prefix = U32.pack(queue_id)
-        with self._read_lock, self.env.begin() as txn:
+        with self._read_lock, self._begin() as txn:
             cur = txn.cursor(db=self._dbs["entries"])
             if not cur.set_range(ENTRY_KEY.pack(queue_id, after_seq + 1)):
                 return out
@@ -276,7 +436,7 @@ class LmdbStore(Store):
         prefix = U32.pack(queue_id)
         key_seq = ENTRY_KEY.unpack
         head = _SCAN_VAL.unpack_from
-        with self._read_lock, self.env.begin() as txn:
+        with self._read_lock, self._begin() as txn:
             cur = txn.cursor(db=self._dbs["entries"])
             if not cur.set_range(ENTRY_KEY.pack(queue_id, after_seq + 1)):
                 return out
@@ -289,10 +449,18 @@ class LmdbStore(Store):
         return out
 
     def message_id_range(self) -> tuple[int, int]:
-        with self._read_lock, self.env.begin() as txn:
+        with self._read_lock, self._begin() as txn:
             cur = txn.cursor(db=self._dbs["messages"])
             lo = U64.unpack(cur.key())[0] if cur.first() else 1
         return lo, self._next_msg_id - 1
+
+    def _begin(self) -> lmdb.Transaction:
+        """A read transaction; adopts a map the writer process has grown."""
+        try:
+            return self.env.begin()
+        except lmdb.MapResizedError:
+            self.env.set_mapsize(0)
+            return self.env.begin()
 
     def release_map(self) -> int:
         """Unmap the pages of the store this process has touched (not the data: the
@@ -301,28 +469,15 @@ class LmdbStore(Store):
         shared and read-only (no writemap): MADV_DONTNEED only drops page-table
         entries, a later read faults the page back in.  Linux only; returns the
         bytes of map advised (0 elsewhere or on failure)."""
-        if _madvise is None or self.env is None:
+        if self.env is None:
             return 0
-        target = str((self.path / "data.mdb").resolve())
-        done = 0
-        with self._read_lock:   # set_mapsize (which remaps) takes it too
-            try:
-                with open("/proc/self/maps") as f:
-                    spans = [line.split(None, 5) for line in f if line.rstrip("\n").endswith(target)]
-            except OSError:
-                return 0
-            for fields in spans:
-                if len(fields) < 6 or fields[5].rstrip("\n") != target or fields[1] != "r--s":
-                    continue   # only the shared, read-only map of data.mdb
-                start, end = (int(x, 16) for x in fields[0].split("-"))
-                if _madvise(start, end - start, _MADV_DONTNEED) == 0:
-                    done += end - start
-        return done
+        with self._read_lock:
+            return release_map(self.path)
 
     def count_entries(self, queue_id: int) -> int:
         n = 0
         prefix = U32.pack(queue_id)
-        with self._read_lock, self.env.begin() as txn:
+        with self._read_lock, self._begin() as txn:
             cur = txn.cursor(db=self._dbs["entries"])
             if cur.set_range(prefix):
                 for key in cur.iternext(values=False):
@@ -333,7 +488,7 @@ class LmdbStore(Store):
 
     def read_last_seq(self, queue_id: int) -> int:
         """The last sequence number committed for a queue (0: none yet)."""
-        with self._read_lock, self.env.begin() as txn:
+        with self._read_lock, self._begin() as txn:
             raw = txn.get(U32.pack(queue_id), db=self._dbs["seqs"])
         return U64.unpack(raw)[0] if raw else 0
 
@@ -346,103 +501,8 @@ class LmdbStore(Store):
         self._meta("del", db, key, None)
 
     def read_records(self, db: str) -> list[tuple[bytes, bytes]]:
-        with self._read_lock, self.env.begin() as txn:
+        with self._read_lock, self._begin() as txn:
             return [(bytes(k), bytes(v)) for k, v in txn.cursor(db=self._dbs[db])]
-
-    # ------------------------------------------------------------------ writer thread
-
-    def _write_loop(self) -> None:
-        while True:
-            with self._cv:
-                while not self._pending and not self._stop:
-                    if not self._map_touched:
-                        self._cv.wait()
-                    elif not self._cv.wait(MAP_RELEASE_IDLE):
-                        break
-                if not self._pending and self._stop:
-                    return
-                batches, self._pending = self._pending, []
-            if not batches:   # idle since the last commits: unmap the pages they touched
-                self._map_touched = False
-                self.release_map()
-                continue
-            callbacks = [cb for b in batches for cb in b.callbacks]
-            waiters = [cb for b in batches for cb in b.waiters]   # flush(): the loop thread blocks
-            ops = sum(b.ops for b in batches)
-            error: BaseException | None = None
-            started = time.perf_counter()
-            try:
-                self._commit(batches)
-            except BaseException as exc:  # handed to the callbacks: producers are told
-                error = exc
-                log.error("store commit of %d operation(s) failed: %s", ops, exc)
-            self.commits += 1
-            self.last_batch_ops = ops
-            elapsed = time.perf_counter() - started
-            self.commit_seconds_total += elapsed
-            self.commit_stats.observe(elapsed, ops)
-            if error is not None and self.on_lost_entries is not None:
-                # Before the callbacks: the broker drops these entries from its queues
-                # before producers are told their messages were rejected.
-                lost = [ENTRY_KEY.unpack(key) for b in batches for key in b.new_keys]
-                if lost:
-                    self.loop.call_soon_threadsafe(self.on_lost_entries, lost)
-            if callbacks:
-                self.loop.call_soon_threadsafe(_run_callbacks, callbacks, error)
-            _run_callbacks(waiters, error)
-            self._map_touched = True
-            if started >= self._release_at:   # after the callbacks: nobody waits on this
-                self._release_at = started + MAP_RELEASE_INTERVAL
-                self._map_touched = False
-                self.release_map()
-
-    def _commit(self, batches: list[Batch]) -> None:
-        """Apply the batches, in hand-over order, in one transaction (one fsync)."""
-        while True:
-            try:
-                with self.env.begin(write=True) as txn:
-                    for batch in batches:
-                        batch.apply(txn, self._dbs)
-                if self.full:
-                    self.full = self._usage() > 0.9
-                return
-            except lmdb.MapFullError:
-                size = self.env.info()["map_size"]
-                if size >= self.max_map_size:
-                    self.full = True
-                    self._commit_removals(batches)
-                    raise StoreFull(f"store map reached its maximum of {self.max_map_size} bytes")
-                size = min(size * 2, self.max_map_size)
-                with self._read_lock:
-                    self.env.set_mapsize(size)
-                log.info("store map grown to %d bytes", size)
-            except lmdb.DiskError as exc:
-                self.full = True
-                raise StoreFull(f"disk full: {exc}") from exc
-
-    def _commit_removals(self, batches: list[Batch]) -> None:
-        """The batch does not fit: still commit what it removes (acknowledged entries,
-        dropped messages, deleted entities) and the updates of entries already stored.
-        The broker already forgot those; losing them would leak the space (the store
-        would stay full) and bring acknowledged messages back after a restart."""
-        try:
-            with self.env.begin(write=True) as txn:
-                for batch in batches:
-                    batch.removals_only().apply(txn, self._dbs)
-        except lmdb.Error as exc:
-            log.error("store: the removals of a batch that did not fit failed too: %s", exc)
-
-    def _usage(self) -> float:
-        """Share of the map in use.  Pages of every database, not `last_pgno`: that is
-        a high-water mark, and freed pages below it are reused (a drained store that
-        once filled up must take writes again)."""
-        info = self.env.info()
-        main = self.env.stat()
-        pages = 2  # the two meta pages
-        with self.env.begin() as txn:
-            for st in [main] + [txn.stat(db) for db in self._dbs.values()]:
-                pages += st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]
-        return pages * main["psize"] / info["map_size"]
 
 
 def _decode_entry(seq: int, val: bytes) -> EntryRecord:

@@ -327,13 +327,13 @@ def test_store_of_another_format_version_is_refused_at_open(tmp_path, loop):
 
 def test_map_grows_from_a_tiny_initial_size_and_reopens(opened, loop, tmp_path):
     store = opened(map_size=1 * MiB, max_map_size=64 * MiB)
-    assert store.env.info()["map_size"] == 1 * MiB
+    assert store.map_size == 1 * MiB
     bodies = {}
     for seq in range(1, 41):          # 40 × 100 KiB in one batch: > 4 MiB
         raw = bytes([seq]) * (100 << 10)
         bodies[put(store, 1, seq, raw)] = raw
     assert commit(loop, store) is None
-    grown = store.env.info()["map_size"]
+    grown = store.map_size
     assert grown >= 4 * MiB and grown <= 64 * MiB
     assert not store.full
     for seq in range(41, 81):         # and again, in later batches
@@ -341,10 +341,10 @@ def test_map_grows_from_a_tiny_initial_size_and_reopens(opened, loop, tmp_path):
         bodies[put(store, 1, seq, raw)] = raw
         if seq % 10 == 0:
             assert commit(loop, store) is None
-    assert store.env.info()["map_size"] >= 8 * MiB
+    assert store.map_size >= 8 * MiB
     store, _ = reopen(loop, store, map_size=1 * MiB)
     try:
-        assert store.env.info()["map_size"] >= 8 * MiB, "a grown store opens at its grown size"
+        assert store.map_size >= 8 * MiB, "a grown store opens at its grown size"
         assert [r.seq for r in store.read_entries(1, 0, 100)] == list(range(1, 81))
         assert all(store.read_message(mid) == raw for mid, raw in bodies.items())
         # and it keeps growing after the reopen
@@ -369,7 +369,7 @@ def test_maximum_map_size_gives_store_full_to_callbacks(opened, loop):
     assert isinstance(err, StoreFull) and "maximum" in str(err)
     assert len(errors) == 30 and all(isinstance(e, StoreFull) for e in errors)
     assert store.full
-    assert store.env.info()["map_size"] == 2 * MiB
+    assert store.map_size == 2 * MiB
     # Nothing of the failed batch is there; what was committed before is intact.
     assert all(store.read_message(mid) is None for mid in mids)
     assert [r.seq for r in store.read_entries(1, 0, 100)] == [1]
@@ -421,7 +421,7 @@ def test_map_grows_up_to_a_maximum_that_is_not_a_doubling_of_the_initial_size(op
     for seq in range(1, 23):             # ~2.2 MiB: past 2 MiB, within 3 MiB
         put(store, 1, seq, b"G" * (100 << 10))
         assert commit(loop, store) is None, f"message {seq}"
-    assert store.env.info()["map_size"] == 3 * MiB
+    assert store.map_size == 3 * MiB
     assert not store.full
 
 
