@@ -50,6 +50,7 @@ _SCAN_VAL = struct.Struct(">QIBBI")      # the head of ENTRY_VAL: up to the size
 
 
 MAP_RELEASE_INTERVAL = 2.0   # seconds: the broker unmaps store pages its reads touched this often
+MAX_RESTARTS, RESTART_WINDOW = 3, 60.0   # writers lost in that many seconds before giving up
 PIPE_SIZE = 1 << 20          # batches in flight to the writer (F_SETPIPE_SZ; the default is 64 KiB)
 _F_SETPIPE_SZ = 1031
 
@@ -71,6 +72,7 @@ class LmdbStore(Store):
         self._out = bytearray()                 # frames the writer's pipe did not take yet
         self._results = bytearray()
         self._writer_lost = False
+        self._restarts: list[float] = []        # when writers were lost (restart budget)
         self._read_lock = threading.Lock()
         self._release_at = 0.0
         self.full = False
@@ -226,8 +228,8 @@ class LmdbStore(Store):
         except BlockingIOError:
             return
         except OSError as exc:
-            n = len(self._out)
-            self._lost(exc)
+            self._lost(exc)   # a new writer gets every uncommitted batch again
+            return
         del self._out[:n]
         if not self._out and fd is not None:
             self.loop.remove_writer(fd)
@@ -315,9 +317,42 @@ class LmdbStore(Store):
             _run_callbacks(b.callbacks, error)
 
     def _lost(self, exc: BaseException) -> None:
-        """The writer process died: nothing more can be made durable."""
-        if self._writer_lost:
+        """The writer process died (killed, out of memory).  A new one takes over and
+        gets every batch not yet reported committed, in order: their writes are blind
+        puts and deletes, so applying again what the dead one may have committed ends
+        in the same state.  Only when writers keep dying is durability given up:
+        durable messages are refused (resource-limit-exceeded) from then on."""
+        if self._writer_lost or self._writer is None:
             return
+        old, self._writer = self._writer, None
+        for fd, remove in ((old.stdout.fileno(), self.loop.remove_reader),
+                           (old.stdin.fileno(), self.loop.remove_writer)):
+            try:
+                remove(fd)
+            except (ValueError, OSError, RuntimeError):
+                pass
+        for pipe in (old.stdin, old.stdout):
+            try:
+                pipe.close()
+            except OSError:
+                pass
+        old.kill()
+        old.wait()
+        self._out.clear()
+        self._results.clear()
+        now = time.monotonic()
+        self._restarts = [t for t in self._restarts if now - t < RESTART_WINDOW] + [now]
+        if len(self._restarts) <= MAX_RESTARTS:
+            try:
+                self._start_writer()
+            except OSError as start_error:
+                exc = start_error
+            else:
+                log.error("store writer process lost (%s); a new one replays %d uncommitted batch(es)",
+                          exc, len(self._inflight))
+                for number, batch in self._inflight:
+                    self._send(writer_proc.frame(("batch", number, writer_proc.batch_fields(batch))))
+                return
         self._writer_lost = True
         self.full = True
         log.error("store writer process lost (%s): durable messages are refused from now on", exc)

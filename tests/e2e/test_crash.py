@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import threading
+import time
 import uuid
 
 import lmdb
@@ -139,6 +141,63 @@ def test_full_store_rejects_durable_sends_and_keeps_serving(broker_factory):
     b.stop()
     b.start()
     assert [mid for mid, _ in drain(b.url, q, quiet=1.0)] == again
+
+
+# ---------------------------------------------------------------------- writer process
+
+
+def writer_pid(broker) -> int:
+    """The broker's store writer process (store/writer.py), from /proc."""
+    pid = broker.proc.pid
+    children = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/children") as f:
+            children += [int(c) for c in f.read().split()]
+    for child in children:
+        with open(f"/proc/{child}/cmdline", "rb") as f:
+            if b"amqpbroker.store.writer" in f.read():
+                return child
+    raise AssertionError(f"no store writer among the children {children} of broker {pid}")
+
+
+def gone(pid: int, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
+def test_store_writer_process_dies_with_a_killed_broker(broker_factory):
+    b = broker_factory()
+    child = writer_pid(b)
+    b.kill()
+    assert gone(child), "the writer outlived its broker (it would hold the store's write lock)"
+    b.start()
+    assert writer_pid(b) != child
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
+def test_a_lost_store_writer_is_replaced_and_nothing_accepted_is_lost(broker_factory):
+    b = broker_factory()
+    q = uniq("writer-lost")
+    before, refusal = send_one_by_one(b.url, q, b"before", "before", 3)
+    assert refusal is None and len(before) == 3
+    first = writer_pid(b)
+    os.kill(first, signal.SIGKILL)
+    b.wait_for_log("store writer process lost")
+    after, refusal = send_one_by_one(b.url, q, b"after", "after", 3)
+    assert refusal is None and len(after) == 3, refusal
+    assert writer_pid(b) != first
+    b.kill()
+    b.start()
+    assert [mid for mid, _ in drain(b.url, q, quiet=1.0)] == before + after
 
 
 def test_unsettled_burst_into_full_store_rejects_without_phantoms(broker_factory):

@@ -449,3 +449,35 @@ def test_a_batch_that_does_not_fit_still_commits_its_removals_and_reports_lost_e
     assert [(r.seq, r.delivered) for r in store.read_entries(1, 0, 10)] == [(2, True), (3, False)]
     assert store.read_message(kept[0]) is None
     assert store.read_entries(7, 0, 10) == []
+
+
+# ---------------------------------------------------------------------- writer process
+
+
+def test_batches_of_a_killed_writer_are_replayed_by_a_new_one(opened, loop):
+    store = opened()
+    mids = [put(store, 1, seq, b"m%d" % seq) for seq in range(1, 6)]
+    assert commit(loop, store) is None
+    store.delete_entry(1, 1)
+    store.drop_message(mids[0])
+    mids.append(put(store, 1, 6, b"m6"))
+    store._handoff()                       # sent to the writer...
+    first = store._writer.pid
+    store._writer.kill()                   # ...which dies before (or after) committing it
+    assert commit(loop, store) is None
+    assert store._writer.pid != first
+    assert [r.seq for r in store.read_entries(1, 0, 10)] == [2, 3, 4, 5, 6]
+    assert store.read_message(mids[0]) is None and store.read_message(mids[5]) == b"m6"
+
+
+def test_writers_that_keep_dying_leave_the_store_refusing(opened, loop):
+    store = opened()
+    for _ in range(4):
+        put(store, 1, 1, b"x")
+        store._handoff()
+        store._writer.kill()
+        store._writer.wait()
+        loop.run_until_complete(asyncio.sleep(0.2))   # the loop notices the end of the pipe
+    put(store, 1, 2, b"y")
+    assert isinstance(commit(loop, store), StoreError)
+    assert store.full
