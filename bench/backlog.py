@@ -50,14 +50,30 @@ def log(msg: str) -> None:
     print(f"[backlog {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def proc_status(pid: int) -> dict[str, int]:
-    """VmRSS, VmHWM, RssAnon, RssFile (bytes) of a process."""
+def _one_status(pid: int) -> dict[str, int]:
     out = {}
     with open(f"/proc/{pid}/status") as f:
         for line in f:
             key, _, rest = line.partition(":")
             if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem", "VmSize"):
                 out[key] = int(rest.split()[0]) * 1024
+    return out
+
+
+def proc_status(pid: int) -> dict[str, int]:
+    """VmRSS, VmHWM, RssAnon, RssFile (bytes) of the broker: its process plus its
+    children (the store's writer process), summed."""
+    pids = [pid]
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/children") as f:
+            pids += [int(c) for c in f.read().split()]
+    out: dict[str, int] = {}
+    for p in pids:
+        try:
+            for key, value in _one_status(p).items():
+                out[key] = out.get(key, 0) + value
+        except FileNotFoundError:
+            pass
     return out
 
 

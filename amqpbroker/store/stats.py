@@ -1,8 +1,7 @@
 """Commit statistics for metrics: fixed-bucket histograms of commit latency and
-batch size.  Observed by the store's writer thread once per commit (one bisect
-and two increments: nothing per message); read at scrape time from the loop
-thread.  A scrape racing a commit may see a count one ahead of the sum: harmless
-for a monitoring histogram."""
+batch size.  Observed on the loop thread once per commit result from the store's
+writer process (one bisect and two increments: nothing per message); read at
+scrape time."""
 
 from __future__ import annotations
 
