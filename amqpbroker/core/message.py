@@ -200,6 +200,16 @@ class Message:
             candidates.append(absolute / 1000.0)
         return min(candidates) if candidates else None
 
+    def routing_times(self) -> tuple[float | None, float | None, str | None]:
+        """(expiry_time(), delivery_time(), group_id()) in one go: what every queue
+        entry reads at enqueue, without a call each for the common message that
+        has none of them."""
+        spans = self._spans
+        if PROPERTIES in spans or MESSAGE_ANNOTATIONS in spans:
+            return self.expiry_time(), self.delivery_time(), self.group_id()
+        ttl = self.ttl
+        return (None if ttl is None else self.arrival + ttl / 1000.0), None, None
+
     def delivery_time(self) -> float | None:
         """Scheduled delivery time (x-opt-delivery-time / x-opt-delivery-delay)."""
         span = self._spans.get(MESSAGE_ANNOTATIONS)

@@ -81,9 +81,7 @@ class Entry:
         p = msg.priority
         self.priority = 0 if p < 0 else (PRIORITY_LEVELS - 1 if p >= PRIORITY_LEVELS else p)
         self.delivery_count = msg.delivery_count
-        self.expires_at = msg.expiry_time()
-        self.deliver_at = msg.delivery_time()
-        self.group: str | None = msg.group_id()
+        self.expires_at, self.deliver_at, self.group = msg.routing_times()
         self.size = msg.size
 
     @classmethod

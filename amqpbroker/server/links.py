@@ -12,6 +12,7 @@ which is most of a Python broker's CPU budget.  Rare paths use the wrappers.
 from __future__ import annotations
 
 import logging
+import struct
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,7 @@ MODIFIED = Delivery.MODIFIED
 TRANSACTIONAL_STATE = 0x34
 
 _consumer_ids = iter(range(1, 1 << 62))
+_pack_tag = struct.Struct(">Q").pack_into
 
 
 class LinkConsumer:
@@ -58,7 +60,11 @@ class LinkConsumer:
         self.browsed: set[Any] = set()           # browser copies awaiting the peer's settle
         self.browse_cursor = 0
         self.temp_node: tuple[str, str] | None = None   # dynamic node this link created
+        # Delivery tags: a counter written into one buffer; pn_delivery copies it.
         self._tag = 0
+        self._tag_buf = bytearray(8)
+        self._tag_ptr = ffi.from_buffer(self._tag_buf)
+        self._tag_t = ffi.new("pn_delivery_tag_t*", (8, self._tag_ptr))
         self.closed = False
         self.ready = True              # False until the attach reply is sent (durable commit)
         self.subscription: Any = None  # set by the subscription layer
@@ -87,7 +93,8 @@ class LinkConsumer:
         """Send the entry's bytes as one delivery; return the raw pn_delivery_t*."""
         impl = self.impl
         self._tag += 1
-        dlv = lib.pn_delivery(impl, (8, ffi.from_buffer(self._tag.to_bytes(8, "big"))))
+        _pack_tag(self._tag_buf, 0, self._tag)
+        dlv = lib.pn_delivery(impl, self._tag_t[0])
         payload = entry.payload()
         lib.pn_link_send(impl, ffi.from_buffer(payload), len(payload))
         lib.pn_link_advance(impl)
@@ -135,6 +142,10 @@ class LinkConsumer:
             lib.pn_delivery_settle(dlv)
             return
         state = lib.pn_delivery_remote_state(dlv)
+        if state == ACCEPTED:   # the common case: no disposition fields to read
+            self.queue.settle(entry, Outcome.ACCEPTED)
+            lib.pn_delivery_settle(dlv)
+            return
         if state == TRANSACTIONAL_STATE:
             self.handler.transactional_ack(self, Delivery.wrap(dlv), entry)
             return

@@ -104,6 +104,12 @@ class Store:
     def update_entry(self, queue_id: int, record: EntryRecord) -> None: ...
     def delete_entry(self, queue_id: int, seq: int) -> None: ...
 
+    def writes(self) -> Any:
+        """Where the message and entry writes of this loop turn go: an object with
+        put_message, drop_message, put_entry, update_entry and delete_entry (the hot
+        path calls them there, one call fewer per write)."""
+        return self
+
     # ---- reads (loop thread; committed data only)
     def read_message(self, msg_id: int) -> bytes | None:
         return None

@@ -69,10 +69,10 @@ class DurabilityManager:
         if queue.store_id is None:
             queue.store_id = next(self._queue_ids)
             self.store.save_queue(self._record(queue))
-        queue.on_enqueue = lambda e, q=queue: self._entry_added(q, e)
-        queue.on_remove = lambda e, q=queue: self._entry_removed(q, e)
-        queue.on_deliver = lambda e, q=queue: self._entry_update(q, e, True)
-        queue.on_return = lambda e, q=queue: self._entry_update(q, e, False)
+        queue.on_enqueue = functools.partial(self._entry_added, queue)
+        queue.on_remove = functools.partial(self._entry_removed, queue)
+        queue.on_deliver = functools.partial(self._entry_update, queue, delivered=True)
+        queue.on_return = functools.partial(self._entry_update, queue, delivered=False)
         queue.memory_budget = self.memory_budget
         queue.loader = self._load_body
         queue.on_page_out = lambda e, q=queue: self.store.after_commit(
@@ -109,15 +109,18 @@ class DurabilityManager:
         if not msg.durable:
             return
         store = self.store
-        if msg.store_id is None:
-            msg.store_id = store.new_msg_id()
-            store.put_message(msg.store_id, msg.raw)
+        writes = store.writes()
+        mid = msg.store_id
+        if mid is None:
+            mid = msg.store_id = store.new_msg_id()
+            writes.put_message(mid, msg.raw)
         else:  # the same message in another durable queue: one body, one more reference
-            self.refs[msg.store_id] = self.refs.get(msg.store_id, 1) + 1
-        entry.store_ref = msg.store_id
+            self.refs[mid] = self.refs.get(mid, 1) + 1
+        entry.store_ref = mid
         entry.stored_in = store.batch
-        entry.size = _shared(entry.size)   # outlives the body once the entry is paged out
-        store.put_entry(queue.store_id, entry)   # live: encoded as it is at the batch's hand-over
+        size = entry.size   # outlives the body once the entry is paged out: one int per size
+        entry.size = _SHARED.get(size) or _shared(size)
+        writes.put_entry(queue.store_id, entry)   # live: encoded as it is at the batch's hand-over
 
     def _entry_removed(self, queue: Queue, entry: Entry) -> None:
         mid = entry.store_ref
@@ -131,10 +134,11 @@ class DurabilityManager:
     def _remove_stored(self, queue: Queue, seq: int, mid: int) -> bool:
         """Delete a stored entry and release its reference to the message; True when
         that was the last reference (the message is dropped too)."""
-        self.store.delete_entry(queue.store_id, seq)
+        writes = self.store.writes()
+        writes.delete_entry(queue.store_id, seq)
         left = self.refs.get(mid)
         if left is None:
-            self.store.drop_message(mid)
+            writes.drop_message(mid)
             return True
         if left <= 2:
             del self.refs[mid]

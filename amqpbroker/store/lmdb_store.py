@@ -189,6 +189,13 @@ class LmdbStore(Store):
             self.loop.call_soon(self._handoff)
         return self._local
 
+    def writes(self) -> Batch:   # Store.writes: the batch itself
+        """This turn's batch; the hand-over to the writer is scheduled with its first write."""
+        if not self._handoff_scheduled:
+            self._handoff_scheduled = True
+            self.loop.call_soon(self._handoff)
+        return self._local
+
     def _handoff(self) -> None:
         self._handoff_scheduled = False
         batch = self._local
