@@ -52,6 +52,9 @@ class LimitsConfig(BaseModel):
     idle_timeout: float = Field(60.0, ge=0)                  # seconds; 0 disables
     sasl_timeout: float = Field(30.0, gt=0)                  # seconds to finish the SASL handshake
     link_credit: int = Field(1000, ge=1)                     # credit granted to producers
+    # Producer flow control: while a queue whose consumers are taking messages holds more
+    # than this many ready ones, its producers' credit is not topped up (0: never).
+    flow_control_depth: int = Field(2000, ge=0)
 
 
 class PolicyConfig(BaseModel):

@@ -248,6 +248,15 @@ class Queue:
         """Messages held: ready (in memory or paged), scheduled and acquired-but-unsettled."""
         return len(self._ready) + len(self._delayed) + self.acquired + self.paged_count
 
+    def congested(self, high_water: int, active_within: float = 1.0) -> bool:
+        """Consumers are taking messages (one in the last `active_within` seconds)
+        and still more than `high_water` wait: the producers outrun them.  Idle or
+        absent consumers never make a queue congested (a backlog for later is fine)."""
+        if len(self._ready) + self.paged_count <= high_water or not self.consumers:
+            return False
+        last = self.last_delivered_at
+        return last is not None and self.clock() - last < active_within
+
     @property
     def ready_count(self) -> int:
         return len(self._ready) + self.paged_count

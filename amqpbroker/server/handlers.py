@@ -339,6 +339,8 @@ class ConnectionHandler:
             return self._consumer_gone(endpoint, closed)
         if endpoint.__class__ is RangeReader:
             endpoint.close()
+        if isinstance(endpoint, Producer):
+            endpoint.stop_flow()
         return None
 
     def _consumer_gone(self, consumer: LinkConsumer, closed: bool) -> Condition | None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from cproton import ffi, lib
 from proton import Condition, Delivery, Link
 
+from ..core.addresses import AddressKind
 from ..core.message import MalformedMessage, selector_lookup
 from ..core.queues import Entry, Outcome, Queue
 from ..core.subscriptions import RESOURCE_LIMIT
@@ -38,6 +39,7 @@ TRANSACTIONAL_STATE = 0x34
 
 _consumer_ids = iter(range(1, 1 << 62))
 _pack_tag = struct.Struct(">Q").pack_into
+FLOW_RECHECK = 0.002   # seconds between looks at a congested queue
 
 
 class LinkConsumer:
@@ -191,6 +193,7 @@ class Producer:
         # delivery waiting on the store holds back the ones behind it.
         self.in_order: deque[list] = deque()
         self.temp_node: tuple[str, str] | None = None   # dynamic node this link created
+        self._recheck: Any = None      # timer: credit held back while the queue is congested
         # Deliveries waiting on one store batch share one commit callback.
         self._batch = -1
         self._batch_slots: list[list] = []
@@ -215,10 +218,33 @@ class Producer:
         buf = bytearray(pending)
         n = lib.pn_link_recv(impl, ffi.from_buffer(buf), pending)
         lib.pn_link_advance(impl)
-        credit = lib.pn_link_credit(impl)
-        if credit < self.window // 2:
-            lib.pn_link_flow(impl, self.window - credit)
+        if lib.pn_link_credit(impl) < self.window // 2:
+            self.top_up()
         return bytes(buf) if n == pending else bytes(buf[:max(n, 0)])
+
+    def top_up(self) -> None:
+        """Give the producer its window of credit back (AMQP 1.0 §2.6.7), unless its
+        queue is congested: then look again shortly.  Flow control, as RabbitMQ's
+        credit flow does it: producers that outrun active consumers wait instead of
+        growing the queue (which makes every delivery dearer and the consumers
+        slower still)."""
+        if self._recheck is not None:
+            self._recheck.cancel()
+            self._recheck = None
+        impl = self.impl
+        credit = lib.pn_link_credit(impl)
+        if credit >= self.window // 2 or self.handler.ended:
+            return
+        depth = self.handler.server.settings.limits.flow_control_depth
+        target = self.target
+        if depth and target is not None and target.kind is AddressKind.QUEUE:
+            queue = self.handler.broker.queues.get(target.name)
+            if queue is not None and queue.congested(depth):
+                if self._recheck is None:
+                    self._recheck = self.handler.protocol.loop.call_later(FLOW_RECHECK, self.top_up)
+                return
+        lib.pn_link_flow(impl, self.window - credit)
+        self.handler.protocol.mark_dirty()
 
     def _too_large(self, dlv: Any) -> None:
         log.warning("connection %s: link '%s': message larger than %d bytes refused",
@@ -280,6 +306,13 @@ class Producer:
     def abandon(self) -> None:
         """The link or connection ended: deliveries waiting on the store get no answer."""
         self.in_order.clear()
+        self.stop_flow()
+
+    def stop_flow(self) -> None:
+        """The link ended: no more credit checks on it."""
+        if self._recheck is not None:
+            self._recheck.cancel()
+            self._recheck = None
 
 
 def link_key(link: Link) -> Any:
