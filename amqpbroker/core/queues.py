@@ -3,10 +3,8 @@
 Pure model: no sockets, no proton.  The I/O layer implements `ConsumerPort` for a
 sending link and calls `settle()` with the outcome the peer chose.
 
-Ordering: entries are kept per priority (0–9, higher first, FIFO within a
-priority; AMQP 1.0 §3.2.1 leaves the scheme to the broker, JMS 2.0 §6.9 asks for
-0–9).  An entry that comes back (released, modified, link closed) returns to its
-original position by sequence number, so redeliveries keep their original order.
+Ordering: entries wait in a ReadyList (core/entries.py): per priority, by sequence,
+so redeliveries keep their original order.
 """
 
 from __future__ import annotations
@@ -16,14 +14,15 @@ import heapq
 import itertools
 import logging
 import time
-from collections import deque
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Protocol
 
+from .entries import PRIORITY_LEVELS, Entry, ReadyList
 from .message import Message
 
 log = logging.getLogger("amqpbroker.queue")
 
-PRIORITY_LEVELS = 10
+__all__ = ["ConsumerPort", "Entry", "ExclusivityPolicy", "LifetimePolicy", "Outcome", "Queue",
+           "ReadyList", "PRIORITY_LEVELS"]
 
 
 class ExclusivityPolicy(str, enum.Enum):
@@ -60,108 +59,6 @@ class ConsumerPort(Protocol):
     # Browsers only: the last sequence seen, and a non-acquiring delivery.
     browse_cursor: int
     def deliver_copy(self, entry: "Entry") -> None: ...
-
-
-class Entry:
-    """A message's place in one queue.  `msg` is None while the entry is paged out
-    (bounded memory: only this index stays in memory; the body is in the store)."""
-
-    __slots__ = ("msg", "seq", "priority", "delivery_count", "expires_at", "deliver_at",
-                 "consumer", "excluded", "group", "store_ref", "size", "stored_in")
-
-    def __init__(self, msg: Message | None, seq: int):
-        self.msg = msg
-        self.seq = seq
-        self.consumer: ConsumerPort | None = None   # who holds it while acquired
-        self.excluded: set[int] | None = None        # consumers it is undeliverable-here for
-        self.store_ref: Any = None                   # the store's message id for durable entries
-        self.stored_in = -1                          # the store batch that writes it (-1: on disk)
-        if msg is None:
-            return
-        p = msg.priority
-        self.priority = 0 if p < 0 else (PRIORITY_LEVELS - 1 if p >= PRIORITY_LEVELS else p)
-        self.delivery_count = msg.delivery_count
-        self.expires_at, self.deliver_at, self.group = msg.routing_times()
-        self.size = msg.size
-
-    @classmethod
-    def paged(cls, seq: int, store_ref: Any, *, size: int, priority: int, delivery_count: int,
-              expires_at: float | None, deliver_at: float | None, group: str | None) -> "Entry":
-        entry = cls(None, seq)
-        entry.store_ref = store_ref
-        entry.size = size
-        entry.priority = priority
-        entry.delivery_count = delivery_count
-        entry.expires_at = expires_at
-        entry.deliver_at = deliver_at
-        entry.group = group
-        return entry
-
-    def payload(self) -> bytes:
-        return self.msg.encoded(self.delivery_count)
-
-    # The store's view of an entry (the EntryRecord fields it encodes when it hands a
-    # batch over): a new durable entry is written as it is at the end of its loop turn.
-    @property
-    def msg_id(self) -> Any:
-        return self.store_ref
-
-    @property
-    def delivered(self) -> bool:
-        """Held by a consumer: after a crash it comes back with delivery-count + 1."""
-        return self.consumer is not None
-
-
-class ReadyList:
-    """Available entries: one deque per priority, each sorted by sequence."""
-
-    __slots__ = ("_levels", "_count")
-
-    def __init__(self) -> None:
-        self._levels = [deque() for _ in range(PRIORITY_LEVELS)]
-        self._count = 0
-
-    def __len__(self) -> int:
-        return self._count
-
-    def push(self, entry: Entry) -> None:
-        level = self._levels[entry.priority]
-        if not level or level[-1].seq < entry.seq:
-            level.append(entry)
-        elif entry.seq < level[0].seq:
-            level.appendleft(entry)
-        else:  # a returning entry lands between others: find its slot
-            lo, hi = 0, len(level)
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if level[mid].seq < entry.seq:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            level.insert(lo, entry)
-        self._count += 1
-
-    def pop_first(self) -> Entry | None:
-        for level in reversed(self._levels):
-            if level:
-                self._count -= 1
-                return level.popleft()
-        return None
-
-    def remove(self, entry: Entry) -> None:
-        self._levels[entry.priority].remove(entry)
-        self._count -= 1
-
-    def __iter__(self) -> Iterator[Entry]:
-        for level in reversed(self._levels):
-            yield from list(level)
-
-    def clear(self) -> list[Entry]:
-        out = [e for level in reversed(self._levels) for e in level]
-        for level in self._levels:
-            level.clear()
-        self._count = 0
-        return out
 
 
 class Queue:
