@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import getpass
 import logging
 import sys
@@ -66,6 +67,16 @@ def serve(settings: Settings) -> int:
         loop.close()
 
 
+def tune_gc() -> None:
+    """After start-up: everything built so far (recovered queues, the store's
+    structures) moves out of the collector's sight (gc.freeze), and the young
+    generation is collected every 50,000 allocations instead of 700.  Every
+    message allocates a handful of objects and almost none form cycles; the
+    default threshold spent ~10 % of a durable p2p run in the collector."""
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
+
+
 async def _run(settings: Settings, loop: asyncio.AbstractEventLoop) -> int:
     from .server.app import BrokerServer, install_signal_handlers
     from .store.base import StoreError
@@ -76,6 +87,7 @@ async def _run(settings: Settings, loop: asyncio.AbstractEventLoop) -> int:
     except (ValueError, OSError, StoreError) as exc:
         log.error("cannot start: %s", exc)
         return 2
+    tune_gc()
     stopped = asyncio.Event()
     install_signal_handlers(loop, stopped.set)
     await stopped.wait()
