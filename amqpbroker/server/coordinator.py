@@ -97,18 +97,7 @@ class Coordinator(Producer):
             return
         # One store batch holds every write of the commit: answer once it is durable.
         slot = self.settle_in_order(dlv, ACCEPTED, ready=False)
-
-        def done(error: BaseException | None) -> None:
-            if self.handler.ended:
-                return
-            if error is not None:
-                slot[1] = REJECTED
-                slot[2] = Condition(ROLLBACK, f"commit could not be stored: {error}")
-            slot[3] = True
-            self.drain_settlements()
-            self.handler.protocol.mark_dirty()
-
-        store.after_commit(done)
+        store.after_commit(lambda error: self._committed([slot], error, ROLLBACK, "commit"))
 
 
 def transactional_txn_id(dlv: Any) -> bytes:

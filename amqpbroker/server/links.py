@@ -277,13 +277,16 @@ class Producer:
             store.after_commit(lambda err, slots=self._batch_slots: self._committed(slots, err))
         self._batch_slots.append(slot)
 
-    def _committed(self, slots: list[list], error: BaseException | None) -> None:
+    def _committed(self, slots: list[list], error: BaseException | None,
+                   condition: str = RESOURCE_LIMIT, what: str = "message") -> None:
+        """The store batch of these settlements committed (or failed: Rejected with
+        `condition`); emit what is ready, in order."""
         if self.handler.ended:
             return
         for slot in slots:
             if error is not None:
                 slot[1] = REJECTED
-                slot[2] = Condition(RESOURCE_LIMIT, f"message could not be stored: {error}")
+                slot[2] = Condition(condition, f"{what} could not be stored: {error}")
             slot[3] = True
         self.drain_settlements()
         self.handler.protocol.mark_dirty()
