@@ -134,26 +134,31 @@ class Message:
     def prop(self, name: str) -> Any:
         return self.properties[_PROPERTY_INDEX[name]]
 
-    def _prop_at(self, index: int) -> Any:
-        """One properties field without decoding the list (routing reads one or
-        two fields of every message): absent when the list is shorter, else the
-        fields before it are skipped over."""
+    def _props_at(self, first: int, second: int) -> tuple[Any, Any]:
+        """Two properties fields (first < second) without decoding the list: routing
+        reads absolute-expiry-time and group-id of every message.  Absent when the
+        list is shorter; the fields before them are skipped over in one walk."""
         if self._props is not None:
-            return self._props[index]
+            return self._props[first], self._props[second]
         span = self._spans.get(PROPERTIES)
         if span is None:
-            return None
+            return None, None
         raw = self.raw
         head = _list_head(raw, span[0])
-        if head is None:
-            return self.properties[index]   # not a list: properties raises the error
+        if head is None:   # not a list: properties raises the error
+            return self.properties[first], self.properties[second]
         count, off = head
-        if index >= count:
-            return None
+        if first >= count:
+            return None, None
         try:
-            for _ in range(index):
+            for _ in range(first):
                 off = skip(raw, off)
-            return decode(raw, off)[0]
+            a, off = decode(raw, off)
+            if second >= count:
+                return a, None
+            for _ in range(second - first - 1):
+                off = skip(raw, off)
+            return a, decode(raw, off)[0]
         except DecodeError as exc:
             raise MalformedMessage(f"bad properties section: {exc}") from exc
 
@@ -177,8 +182,7 @@ class Message:
 
     def group_id(self) -> str | None:
         """JMSXGroupID (properties group-id, §3.2.4), or None."""
-        group = self._prop_at(_GROUP_ID)
-        return None if group is None else str(group)
+        return self.routing_times()[2]
 
     def body(self) -> Any:
         """The decoded body (first body section): bytes for data, else the value."""
@@ -192,23 +196,18 @@ class Message:
     def expiry_time(self) -> float | None:
         """Absolute expiry in epoch seconds, from header ttl (§3.2.1) or
         properties absolute-expiry-time (§3.2.4), the earlier of the two."""
-        candidates = []
-        if self.ttl is not None:
-            candidates.append(self.arrival + self.ttl / 1000.0)
-        absolute = self._prop_at(_ABSOLUTE_EXPIRY_TIME)
-        if absolute:
-            candidates.append(absolute / 1000.0)
-        return min(candidates) if candidates else None
+        return self.routing_times()[0]
 
     def routing_times(self) -> tuple[float | None, float | None, str | None]:
         """(expiry_time(), delivery_time(), group_id()) in one go: what every queue
-        entry reads at enqueue, without a call each for the common message that
-        has none of them."""
-        spans = self._spans
-        if PROPERTIES in spans or MESSAGE_ANNOTATIONS in spans:
-            return self.expiry_time(), self.delivery_time(), self.group_id()
+        entry reads at enqueue, with one walk over the properties list."""
         ttl = self.ttl
-        return (None if ttl is None else self.arrival + ttl / 1000.0), None, None
+        expires = None if ttl is None else self.arrival + ttl / 1000.0
+        absolute, group = self._props_at(_ABSOLUTE_EXPIRY_TIME, _GROUP_ID)
+        if absolute:
+            absolute /= 1000.0
+            expires = absolute if expires is None else min(expires, absolute)
+        return expires, self.delivery_time(), None if group is None else str(group)
 
     def delivery_time(self) -> float | None:
         """Scheduled delivery time (x-opt-delivery-time / x-opt-delivery-delay)."""

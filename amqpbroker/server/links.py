@@ -218,8 +218,8 @@ class Producer:
         buf = bytearray(pending)
         n = lib.pn_link_recv(impl, ffi.from_buffer(buf), pending)
         lib.pn_link_advance(impl)
-        if lib.pn_link_credit(impl) < self.window // 2:
-            self.top_up()
+        if self._recheck is None and lib.pn_link_credit(impl) < self.window // 2:
+            self.top_up()   # (a pending recheck tops up when the queue has drained)
         return bytes(buf) if n == pending else bytes(buf[:max(n, 0)])
 
     def top_up(self) -> None:
@@ -228,9 +228,7 @@ class Producer:
         credit flow does it: producers that outrun active consumers wait instead of
         growing the queue (which makes every delivery dearer and the consumers
         slower still)."""
-        if self._recheck is not None:
-            self._recheck.cancel()
-            self._recheck = None
+        self._recheck = None
         impl = self.impl
         credit = lib.pn_link_credit(impl)
         if credit >= self.window // 2 or self.handler.ended:

@@ -182,13 +182,6 @@ class LmdbStore(Store):
 
     # ------------------------------------------------------------------ queued writes
 
-    def _current(self) -> Batch:
-        """This turn's batch; the hand-over to the writer is scheduled with its first write."""
-        if not self._handoff_scheduled:
-            self._handoff_scheduled = True
-            self.loop.call_soon(self._handoff)
-        return self._local
-
     def writes(self) -> Batch:   # Store.writes: the batch itself
         """This turn's batch; the hand-over to the writer is scheduled with its first write."""
         if not self._handoff_scheduled:
@@ -397,25 +390,25 @@ class LmdbStore(Store):
         self._meta("del", "subscriptions", queue.encode(), None)
 
     def put_message(self, msg_id: int, raw: bytes) -> None:
-        self._current().put_message(msg_id, raw)
+        self.writes().put_message(msg_id, raw)
 
     def drop_message(self, msg_id: int) -> None:
-        self._current().drop_message(msg_id)
+        self.writes().drop_message(msg_id)
 
     def _meta(self, action: str, db: str, key: bytes, value: bytes | None) -> None:
-        self._current().put_meta(action, db, key, value)
+        self.writes().put_meta(action, db, key, value)
 
     def put_entry(self, queue_id: int, record: EntryRecord) -> None:
-        self._current().put_entry(queue_id, record)
+        self.writes().put_entry(queue_id, record)
 
     def update_entry(self, queue_id: int, record: EntryRecord) -> None:
-        self._current().update_entry(queue_id, record)
+        self.writes().update_entry(queue_id, record)
 
     def delete_entry(self, queue_id: int, seq: int) -> None:
-        self._current().delete_entry(queue_id, seq)
+        self.writes().delete_entry(queue_id, seq)
 
     def after_commit(self, callback: Callable[[BaseException | None], None]) -> None:
-        batch = self._current()
+        batch = self.writes()
         batch.ops += 1
         batch.callbacks.append(callback)
 

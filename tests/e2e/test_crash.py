@@ -173,7 +173,8 @@ def gone(pid: int, timeout: float = 5.0) -> bool:
     return False
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"),
+                    reason="finds the broker's writer process through /proc/<pid>/task/*/children (Linux)")
 def test_store_writer_process_dies_with_a_killed_broker(broker_factory):
     b = broker_factory()
     child = writer_pid(b)
@@ -183,7 +184,8 @@ def test_store_writer_process_dies_with_a_killed_broker(broker_factory):
     assert writer_pid(b) != child
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"),
+                    reason="finds the broker's writer process through /proc/<pid>/task/*/children (Linux)")
 def test_a_lost_store_writer_is_replaced_and_nothing_accepted_is_lost(broker_factory):
     b = broker_factory()
     q = uniq("writer-lost")
