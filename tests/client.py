@@ -7,11 +7,21 @@ from typing import Any, Iterable
 
 from proton import Described, Message, Terminus, symbol, ulong
 from proton.reactor import DurableSubscription, Filter, LinkOption
-from proton import ConnectionException
+from proton import ConnectionException, Timeout
 from proton.utils import BlockingConnection, ConnectionClosed, LinkDetached
 
 SELECTOR_KEY = symbol("jms-selector")
 NO_LOCAL_KEY = symbol("no-local")
+
+
+def put_symbols(data: Any, names: Iterable[str]) -> None:
+    """Replace a terminus capabilities field with an array of symbols."""
+    data.clear()
+    data.put_array(False, 21)  # Data.SYMBOL
+    data.enter()
+    for name in names:
+        data.put_symbol(symbol(name))
+    data.exit()
 
 
 class SourceOptions(LinkOption):
@@ -35,13 +45,7 @@ class SourceOptions(LinkOption):
             src.address = None
             return
         if self.capabilities:
-            data = src.capabilities
-            data.clear()
-            data.put_array(False, 21)  # Data.SYMBOL
-            data.enter()
-            for c in self.capabilities:
-                data.put_symbol(symbol(c))
-            data.exit()
+            put_symbols(src.capabilities, self.capabilities)
         if self.durable is not None:
             src.durability = self.durable
         if self.expiry is not None:
@@ -75,6 +79,23 @@ def connect(url: str, container_id: str | None = None, **kw: Any) -> BlockingCon
 
 __all__ = ["SourceOptions", "connect", "Message", "DurableSubscription", "Filter", "LinkDetached",
            "ConnectionException", "ConnectionClosed", "Terminus"]
+
+
+def receive_all(url: str, address: str, *, credit: int = 100, timeout: float = 1.0) -> list:
+    """Every message a competing consumer can take from `address` until nothing
+    arrives for `timeout` seconds (each accepted)."""
+    conn = connect(url)
+    out = []
+    try:
+        rcv = conn.create_receiver(address, credit=credit)
+        while True:
+            try:
+                out.append(rcv.receive(timeout=timeout))
+            except Timeout:
+                return out
+            rcv.accept()
+    finally:
+        conn.close()
 
 
 def terminus_capabilities(terminus: Any) -> set[str]:

@@ -127,16 +127,20 @@ def _sym(raw: bytes) -> symbol:
     return symbol(raw.decode("ascii"))
 
 
+def _sized_head(buf: bytes, off: int, wide: bool) -> tuple[int, int, int]:
+    """A list, map or array's (count, offset of its first element, end): size and
+    count are four bytes each when wide, one byte otherwise (the size counts
+    the count field too)."""
+    if wide:
+        size, count = _2u32(buf, off)
+        return count, off + 8, off + 4 + size
+    size, count = _2u8(buf, off)
+    return count, off + 2, off + 1 + size
+
+
 def _compound(wide: bool, as_map: bool):
     def read(buf: bytes, off: int) -> tuple[Any, int]:
-        if wide:
-            size, count = _2u32(buf, off)
-            off += 8
-            end = off + size - 4
-        else:
-            size, count = _2u8(buf, off)
-            off += 2
-            end = off + size - 1
+        count, off, end = _sized_head(buf, off, wide)
         items = []
         for _ in range(count):
             value, off = decode(buf, off)
@@ -155,14 +159,7 @@ def _compound(wide: bool, as_map: bool):
 
 def _array(wide: bool):
     def read(buf: bytes, off: int) -> tuple[Any, int]:
-        if wide:
-            size, count = _2u32(buf, off)
-            off += 8
-            end = off + size - 4
-        else:
-            size, count = _2u8(buf, off)
-            off += 2
-            end = off + size - 1
+        count, off, end = _sized_head(buf, off, wide)
         descriptor = None
         if buf[off] == 0x00:
             descriptor, off = decode(buf, off + 1)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from cproton import lib
 from proton import Condition, Delivery, Described, Link, symbol, ulong
 
 from ..core.message import MalformedMessage, Message
@@ -51,11 +50,9 @@ class Coordinator(Producer):
         self.txns = handler.server.transactions
 
     def on_delivery(self, dlv: Any) -> None:
-        if lib.pn_delivery_partial(dlv) or lib.pn_delivery_aborted(dlv):
-            if lib.pn_delivery_aborted(dlv):
-                lib.pn_delivery_settle(dlv)
+        raw = self.whole_payload(dlv)
+        if raw is None:
             return
-        raw = self.take_payload(dlv, lib.pn_delivery_pending(dlv))
         try:
             body = Message(raw).body()
         except MalformedMessage as exc:

@@ -212,6 +212,16 @@ class Producer:
             return
         self.handler.receive(self, dlv, self.take_payload(dlv, pending))
 
+    def whole_payload(self, dlv: Any) -> bytes | None:
+        """A control link's delivery: its bytes once complete; None while partial or
+        when aborted (settled)."""
+        if lib.pn_delivery_aborted(dlv):
+            lib.pn_delivery_settle(dlv)
+            return None
+        if lib.pn_delivery_partial(dlv):
+            return None
+        return self.take_payload(dlv, lib.pn_delivery_pending(dlv))
+
     def take_payload(self, dlv: Any, pending: int) -> bytes:
         """Read a complete delivery's bytes, move on, and top the credit window up."""
         impl = self.impl

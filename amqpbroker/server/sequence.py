@@ -290,11 +290,9 @@ class ControlLink(Producer):
         self.address = address
 
     def on_delivery(self, dlv: Any) -> None:
-        if lib.pn_delivery_partial(dlv) or lib.pn_delivery_aborted(dlv):
-            if lib.pn_delivery_aborted(dlv):
-                lib.pn_delivery_settle(dlv)
+        raw = self.whole_payload(dlv)
+        if raw is None:
             return
-        raw = self.take_payload(dlv, lib.pn_delivery_pending(dlv))
         try:
             msg = Message(raw)
             props = msg.application_properties

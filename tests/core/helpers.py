@@ -7,6 +7,16 @@ from proton import Message as PnMessage
 from amqpbroker.core.message import Message
 
 
+def bodies(entries) -> list:
+    """The decoded bodies of queue entries, as a consumer would see them."""
+    out = []
+    for e in entries:
+        m = PnMessage()
+        m.decode(e.payload())
+        out.append(m.body)
+    return out
+
+
 def make_message(body="x", *, publisher=None, arrival=None, **fields) -> Message:
     """Encode a real AMQP message with proton and wrap it as the broker does."""
     return Message(PnMessage(body=body, **fields).encode(), publisher=publisher, arrival=arrival)

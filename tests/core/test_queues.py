@@ -5,16 +5,9 @@ from __future__ import annotations
 from proton import Message as PnMessage
 
 from amqpbroker.core.queues import Outcome, Queue
-from tests.core.helpers import RecordingConsumer, make_message
+from tests.core.helpers import RecordingConsumer, bodies, make_message
 
 
-def bodies(entries):
-    out = []
-    for e in entries:
-        m = PnMessage()
-        m.decode(e.payload())
-        out.append(m.body)
-    return out
 
 
 class Clock:

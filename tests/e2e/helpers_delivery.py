@@ -16,7 +16,7 @@ from proton import Delivery, Message, Terminus, Timeout, symbol
 from proton.reactor import LinkOption
 from proton.utils import BlockingConnection, BlockingReceiver, BlockingSender, LinkDetached
 
-from tests.client import connect
+from tests.client import connect, put_symbols
 
 # A "nothing arrives" check waits this long.  It can only ever make such a test
 # pass wrongly on a very slow machine, never fail it wrongly.
@@ -53,13 +53,7 @@ class TargetOptions(LinkOption):
         self.capabilities = capabilities
 
     def apply(self, link: Any) -> None:
-        data = link.target.capabilities
-        data.clear()
-        data.put_array(False, 21)  # Data.SYMBOL
-        data.enter()
-        for c in self.capabilities:
-            data.put_symbol(symbol(c))
-        data.exit()
+        put_symbols(link.target.capabilities, self.capabilities)
 
     def test(self, link: Any) -> bool:
         return link.is_sender

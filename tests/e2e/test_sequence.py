@@ -12,7 +12,7 @@ from proton.reactor import LinkOption
 from proton.utils import LinkDetached
 
 from amqpbroker.spark.client import BrokerClient, BrokerError, ConnectionOptions, subscription_queue
-from tests.client import connect, terminus_filters
+from tests.client import connect, receive_all, terminus_filters
 from tests.e2e.jms_links import durable_consumer
 
 pytestmark = pytest.mark.e2e
@@ -69,22 +69,6 @@ def send(url, address, bodies, durable=True, ids=None, **fields):
         conn.close()
 
 
-def drain_queue(url, address, timeout=1.0):
-    """Every message a competing consumer can take now (accepted)."""
-    conn = connect(url)
-    out = []
-    try:
-        rcv = conn.create_receiver(address, credit=100)
-        while True:
-            try:
-                out.append(rcv.receive(timeout=timeout))
-            except Timeout:
-                return out
-            rcv.accept()
-    finally:
-        conn.close()
-
-
 class RangeOption(LinkOption):
     def __init__(self, value, mode=Terminus.DIST_MODE_COPY):
         self.value, self.mode = value, mode
@@ -113,7 +97,7 @@ def test_range_reads_stored_messages_in_order_with_sequence_annotation(seqbroker
         assert m.annotations[symbol("x-opt-origin")] == "test"    # the producer's annotations kept
         assert m.subject == "s" and m.properties == {"k": 1} and m.durable
     # Non-acquiring: a competing consumer still gets all ten afterwards.
-    assert [m.body for m in drain_queue(seqbroker.url, q)] == [f"m{i}" for i in range(10)]
+    assert [m.body for m in receive_all(seqbroker.url, q)] == [f"m{i}" for i in range(10)]
 
 
 def test_range_without_annotations_section_gets_one(seqbroker, client):
@@ -254,7 +238,7 @@ def test_range_on_missing_or_non_durable_queue_refused(seqbroker):
 def test_queue_info_of_empty_and_missing_queue(seqbroker, client):
     q = uniq("log")
     send(seqbroker.url, q, ["a", "b"])
-    drain_queue(seqbroker.url, q)
+    receive_all(seqbroker.url, q)
     info = client.queue_info(q)
     assert info["tail"] == 2 and info["head"] == 3 and info["depth"] == 0    # empty: head = tail + 1
     with pytest.raises(BrokerError):
@@ -307,7 +291,7 @@ def test_ack_below_removes_claims_and_survives_restart(broker_factory):
             r2.ack_below(q, 8, reader="r2")       # the claim was stored
         r1.release_claim(q, reader="r1")
         r2.ack_below(q, 8, reader="r2")
-        assert [m.body for m in drain_queue(b.url, q)] == ["m7", "m8", "m9"]
+        assert [m.body for m in receive_all(b.url, q)] == ["m7", "m8", "m9"]
         send(b.url, q, ["after"])
         assert r2.queue_info(q)["tail"] == 11    # sequences never go back
     finally:
@@ -326,7 +310,7 @@ def test_ack_below_skips_messages_held_by_a_consumer(seqbroker, client):
         assert client.queue_info(q)["depth"] == 3       # held seq 1, plus 4 and 5
     finally:
         conn.close()
-    assert [m.body for m in drain_queue(seqbroker.url, q)] == ["m0", "m3", "m4"]
+    assert [m.body for m in receive_all(seqbroker.url, q)] == ["m0", "m3", "m4"]
 
 
 def test_ack_on_missing_or_non_durable_queue_rejected(seqbroker, client):
@@ -344,20 +328,20 @@ def test_ack_on_missing_or_non_durable_queue_rejected(seqbroker, client):
 def test_duplicates_dropped_per_address_with_bounded_window(seqbroker):
     q = f"dd.{uuid.uuid4().hex[:8]}"
     send(seqbroker.url, q, ["a", "b", "a-again"], ids=["a", "b", "a"])
-    assert [m.body for m in drain_queue(seqbroker.url, q)] == ["a", "b"]
+    assert [m.body for m in receive_all(seqbroker.url, q)] == ["a", "b"]
     # Window 3, LRU by arrival: after c, d, e the window is c, d, e; a and b are forgotten.
     send(seqbroker.url, q, ["c", "d", "e", "a2", "d2"], ids=["c", "d", "e", "a", "d"])
-    assert [m.body for m in drain_queue(seqbroker.url, q)] == ["c", "d", "e", "a2"]
+    assert [m.body for m in receive_all(seqbroker.url, q)] == ["c", "d", "e", "a2"]
     # Typed ids: ulong 1 and string "1" differ; messages without an id are never duplicates.
     send(seqbroker.url, q, ["u1", "s1", "u1-again"], ids=[ulong(1), "1", ulong(1)])
     send(seqbroker.url, q, ["n1", "n2"])
-    assert [m.body for m in drain_queue(seqbroker.url, q)] == ["u1", "s1", "n1", "n2"]
+    assert [m.body for m in receive_all(seqbroker.url, q)] == ["u1", "s1", "n1", "n2"]
 
 
 def test_duplicate_detection_only_where_configured(seqbroker):
     q = uniq("plain")
     send(seqbroker.url, q, ["a", "b"], ids=["x", "x"])
-    assert [m.body for m in drain_queue(seqbroker.url, q)] == ["a", "b"]
+    assert [m.body for m in receive_all(seqbroker.url, q)] == ["a", "b"]
 
 
 def test_anonymous_relay_dedups_by_to(seqbroker):
@@ -369,7 +353,7 @@ def test_anonymous_relay_dedups_by_to(seqbroker):
             snd.send(Message(address=q, id="same", body=body, durable=True))
     finally:
         conn.close()
-    assert [m.body for m in drain_queue(seqbroker.url, q)] == ["one"]
+    assert [m.body for m in receive_all(seqbroker.url, q)] == ["one"]
 
 
 def test_duplicate_window_survives_restart(broker_factory):
@@ -378,12 +362,12 @@ def test_duplicate_window_survives_restart(broker_factory):
     send(b.url, q, [f"m{i}" for i in range(20)], ids=[f"id{i}" for i in range(20)])
     b.restart()
     send(b.url, q, [f"again{i}" for i in range(25)], ids=[f"id{i}" for i in range(25)])
-    bodies = [m.body for m in drain_queue(b.url, q)]
+    bodies = [m.body for m in receive_all(b.url, q)]
     assert bodies == [f"m{i}" for i in range(20)] + [f"again{i}" for i in range(20, 25)]
     b.kill()   # a crash: ids were committed with their messages
     b.start()
     send(b.url, q, ["late"], ids=["id24"])
-    assert drain_queue(b.url, q) == []
+    assert receive_all(b.url, q) == []
 
 
 def test_client_creates_a_durable_subscription_that_collects_while_detached(seqbroker):

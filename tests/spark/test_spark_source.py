@@ -10,12 +10,12 @@ import os
 import uuid
 
 import pytest
-from proton import Message, Timeout
+from proton import Message
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 
 from amqpbroker.spark.client import BrokerClient, ConnectionOptions
-from tests.client import connect
+from tests.client import receive_all
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 
@@ -33,22 +33,6 @@ def fill(url: str, queue: str, n: int, start: int = 0) -> None:
 def info(url: str, queue: str) -> dict:
     with BrokerClient(ConnectionOptions(url=url)) as c:
         return c.queue_info(queue)
-
-
-def receive_all(url: str, queue: str, timeout: float = 2.0) -> list:
-    """Everything on a queue, with a plain proton receiver (accepting)."""
-    conn = connect(url)
-    out = []
-    try:
-        rcv = conn.create_receiver(queue, credit=500)
-        while True:
-            try:
-                out.append(rcv.receive(timeout=timeout))
-            except Timeout:
-                return out
-            rcv.accept()
-    finally:
-        conn.close()
 
 
 def stream(spark, url, queue, **options):
@@ -139,7 +123,7 @@ def test_write_dataframe_and_read_back_with_plain_client(spark, sbroker):
         [(f"body-{i}", f"subj{i % 2}", {"k": str(i)}) for i in range(12)],
         "body string, subject string, application_properties map<string,string>").repartition(3)
     df.write.format("amqp").option("url", sbroker.url).option("address", out).mode("append").save()
-    got = receive_all(sbroker.url, out)
+    got = receive_all(sbroker.url, out, credit=500, timeout=2.0)
     assert sorted(m.body for m in got) == sorted(f"body-{i}" for i in range(12))
     for m in got:
         i = int(m.body.split("-")[1])
@@ -152,7 +136,7 @@ def test_rows_without_body_column_are_sent_as_json(spark, sbroker):
     out = uniq("out")
     spark.createDataFrame([("a", 3)], "key string, total long").write.format("amqp") \
         .option("url", sbroker.url).option("address", out).mode("append").save()
-    [m] = receive_all(sbroker.url, out)
+    [m] = receive_all(sbroker.url, out, credit=500, timeout=2.0)
     assert m.body == '{"key": "a", "total": 3}' and m.content_type == "application/json"
 
 
@@ -164,7 +148,7 @@ def test_replayed_batch_write_is_deduplicated(spark, sbroker):
     writer.save()
     writer.save()            # the same write again (a replayed job): same message ids
     assert info(sbroker.url, out)["depth"] == 20
-    assert sorted(m.body for m in receive_all(sbroker.url, out)) == sorted(f"r{i}" for i in range(20))
+    assert sorted(m.body for m in receive_all(sbroker.url, out, credit=500, timeout=2.0)) == sorted(f"r{i}" for i in range(20))
 
 
 def test_streaming_write_replay_after_crash_is_exactly_once(spark, sbroker, tmp_path):
@@ -199,6 +183,6 @@ def test_streaming_write_replay_after_crash_is_exactly_once(spark, sbroker, tmp_
     second = start()
     second.awaitTermination(180)
     assert second.exception() is None
-    got = receive_all(sbroker.url, out)
+    got = receive_all(sbroker.url, out, credit=500, timeout=2.0)
     assert sorted(m.body for m in got) == sorted(f"m{i}" for i in range(30))   # no duplicates
     assert len({m.id for m in got}) == 30

@@ -11,14 +11,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from proton import Message as PnMessage
 
 from amqpbroker.core.broker import Broker
 from amqpbroker.core.queues import Outcome, Queue
 from amqpbroker.core.registry import SubscriptionRegistry
 from amqpbroker.store.durability import DurabilityManager
 from amqpbroker.store.lmdb_store import LmdbStore
-from tests.core.helpers import RecordingConsumer, make_message
+from tests.core.helpers import RecordingConsumer, bodies, make_message
 
 
 @pytest.fixture
@@ -83,19 +82,12 @@ def fill(queue: Queue, n: int, start: int = 0, **fields):
     return [queue.enqueue(make_message(f"m{i:02d}", durable=True, **fields)) for i in range(start, start + n)]
 
 
-def body_list(entries):
-    out = []
-    for e in entries:
-        m = PnMessage()
-        m.decode(e.payload())
-        out.append(m.body)
-    return out
 
 
 def drain(queue: Queue, n: int) -> list:
     c = RecordingConsumer(credit=n)
     queue.add_consumer(c)
-    got = body_list(c.delivered)
+    got = bodies(c.delivered)
     for entry in list(c.delivered):
         queue.settle(entry, Outcome.ACCEPTED)
     queue.remove_consumer(c, [])
@@ -164,7 +156,7 @@ def test_a_consumer_gets_the_pending_entries_before_their_commit(rig):
     pending = dict(q._pending_page)
     c = RecordingConsumer(credit=100)
     q.add_consumer(c)                           # nothing committed yet: taken from memory
-    assert body_list(c.delivered) == [f"m{i:02d}" for i in range(10)]
+    assert bodies(c.delivered) == [f"m{i:02d}" for i in range(10)]
     assert all(e is pending[e.seq] for e in c.delivered[2:])
     assert q.paged_count == 0 and q._pending_page == {}
     for e in list(c.delivered):
@@ -184,7 +176,7 @@ def test_committed_entries_whose_callback_has_not_run_are_taken_from_memory(rig)
     pending = dict(q._pending_page)
     c = RecordingConsumer(credit=100)
     q.add_consumer(c)
-    assert body_list(c.delivered) == [f"m{i:02d}" for i in range(15)]
+    assert bodies(c.delivered) == [f"m{i:02d}" for i in range(15)]
     assert all(e is pending[e.seq] for e in c.delivered[10:])   # not read again
     assert q.paged_count == 0 and q._pending_page == {}
     r.commit()
@@ -351,7 +343,7 @@ def test_restart_counts_references_and_redeliveries_in_the_paged_region(rig):
     assert r2.dm.redelivered == 1
     c = RecordingConsumer(credit=100)
     a2.add_consumer(c)
-    assert body_list(c.delivered) == [f"m{i:02d}" for i in range(10)]
+    assert bodies(c.delivered) == [f"m{i:02d}" for i in range(10)]
     assert [e.delivery_count for e in c.delivered] == [0] * 8 + [1, 0]
     a2.purge()
     for e in list(c.delivered):
