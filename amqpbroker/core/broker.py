@@ -45,6 +45,8 @@ class Broker:
         self.unroutable_total = 0
         for name, kind in BUILTIN_EXCHANGES:
             self.exchanges[name] = Exchange(name, kind, durable=True, builtin=True)
+        # Temporary (dynamic) queues and topic exchanges → the connection that made them.
+        self.temporaries: dict[str, Any] = {}
         # Hooks for the store (durable entities) — set by the persistence layer.
         self.on_queue_declared: Callable[[Queue], None] | None = None
         self.on_queue_deleted: Callable[[Queue], None] | None = None
@@ -93,8 +95,26 @@ class Broker:
             self.on_queue_declared(queue)
         return queue
 
+    def declare_temporary(self, name: str, creator: Any, *, topic: bool = False) -> None:
+        """A dynamic node (AMQP 1.0 §3.5.3 dynamic terminus; a JMS TemporaryQueue or
+        TemporaryTopic): a non-durable queue, or a fanout exchange for a topic,
+        consumable only by `creator` (see `may_consume`)."""
+        if topic:
+            self.declare_exchange(name, ExchangeType.FANOUT, durable=False)
+        else:
+            self.declare_queue(name, durable=False)
+        self.temporaries[name] = creator
+
+    def may_consume(self, node: str, requester: Any) -> bool:
+        """JMS 2.0 §6.2.8: a temporary destination "can be consumed only by the
+        Connection that created it"; anyone (ACLs permitting) may send to it, which
+        is what request/reply needs.  Every other node is open to all."""
+        creator = self.temporaries.get(node)
+        return creator is None or creator is requester
+
     def delete_queue(self, name: str) -> Queue | None:
         queue = self.queues.pop(name, None)
+        self.temporaries.pop(name, None)
         if queue is None:
             return None
         for exchange in self.exchanges.values():
@@ -112,6 +132,7 @@ class Broker:
         if exchange is None or exchange.builtin:
             return None
         del self.exchanges[name]
+        self.temporaries.pop(name, None)
         for binding in list(exchange.bindings):
             exchange.unbind(binding)
             if self.on_binding_changed is not None:

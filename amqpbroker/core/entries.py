@@ -10,14 +10,26 @@ redeliveries keep their original order.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator, Protocol
 
 from .message import Message
 
-if TYPE_CHECKING:
-    from .queues import ConsumerPort
-
 PRIORITY_LEVELS = 10
+
+
+class ConsumerPort(Protocol):
+    """What a queue needs from a consumer (implemented by the I/O layer)."""
+
+    consumer_id: int
+    browser: bool         # distribution-mode copy: sees entries without acquiring them
+    filtered: bool        # True when accepts() may say no (selector, no-local)
+
+    def credit(self) -> int: ...
+    def accepts(self, entry: "Entry") -> bool: ...
+    def deliver(self, entry: "Entry") -> None: ...
+    # Browsers only: the last sequence seen, and a non-acquiring delivery.
+    browse_cursor: int
+    def deliver_copy(self, entry: "Entry") -> None: ...
 
 
 class Entry:
@@ -105,6 +117,17 @@ class ReadyList:
                 self._count -= 1
                 return level.popleft()
         return None
+
+    def __contains__(self, entry: Entry) -> bool:
+        level = self._levels[entry.priority]
+        lo, hi = 0, len(level)
+        while lo < hi:   # each level is sorted by sequence
+            mid = (lo + hi) // 2
+            if level[mid].seq < entry.seq:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo < len(level) and level[lo] is entry
 
     def remove(self, entry: Entry) -> None:
         self._levels[entry.priority].remove(entry)

@@ -9,56 +9,21 @@ so redeliveries keep their original order.
 
 from __future__ import annotations
 
-import enum
 import heapq
 import itertools
 import logging
 import time
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
-from .entries import PRIORITY_LEVELS, Entry, ReadyList
+from .entries import PRIORITY_LEVELS, ConsumerPort, Entry, ReadyList
+from .policies import ExclusivityPolicy, LifetimePolicy
 from .message import Message
+from .settlement import LateAction, Outcome, Place, late_outcome
 
 log = logging.getLogger("amqpbroker.queue")
 
 __all__ = ["ConsumerPort", "Entry", "ExclusivityPolicy", "LifetimePolicy", "Outcome", "Queue",
            "ReadyList", "PRIORITY_LEVELS"]
-
-
-class ExclusivityPolicy(str, enum.Enum):
-    NONE = "none"                      # any number of consumers (plain queues)
-    LINK = "link"                      # one consumer link at a time
-    SHARED_SUBSCRIPTION = "shared-subscription"
-
-
-class LifetimePolicy(str, enum.Enum):
-    """From the source expiry policy (AMQP 1.0 §3.5.6), as in the seed table."""
-    PERMANENT = "permanent"                          # expiry-policy never
-    DELETE_ON_NO_LINKS = "delete-on-no-links"        # link-detach
-    DELETE_ON_SESSION_END = "delete-on-session-end"  # session-end
-    DELETE_ON_CONNECTION_CLOSE = "delete-on-connection-close"  # connection-close
-
-
-class Outcome(str, enum.Enum):
-    ACCEPTED = "accepted"
-    RELEASED = "released"
-    MODIFIED = "modified"
-    REJECTED = "rejected"
-
-
-class ConsumerPort(Protocol):
-    """What a queue needs from a consumer (implemented by the I/O layer)."""
-
-    consumer_id: int
-    browser: bool         # distribution-mode copy: sees entries without acquiring them
-    filtered: bool        # True when accepts() may say no (selector, no-local)
-
-    def credit(self) -> int: ...
-    def accepts(self, entry: "Entry") -> bool: ...
-    def deliver(self, entry: "Entry") -> None: ...
-    # Browsers only: the last sequence seen, and a non-acquiring delivery.
-    browse_cursor: int
-    def deliver_copy(self, entry: "Entry") -> None: ...
 
 
 class Queue:
@@ -322,9 +287,11 @@ class Queue:
         self.last_consumer_at = self.clock()
         self.dispatch()
 
-    def remove_consumer(self, consumer: ConsumerPort, unsettled: list[Entry]) -> None:
-        """The consumer's link ended; its unsettled entries come back with
-        delivery-count+1 (AMQP 1.0 §3.4: the delivery may have been processed)."""
+    def remove_consumer(self, consumer: ConsumerPort, unsettled: list[Entry], *,
+                        failed: bool) -> None:
+        """The consumer's link ended; its unsettled entries come back in order, with
+        delivery-count + 1 only when `failed` (core/settlement.py: a lost connection;
+        a normal detach, end or close returns them released)."""
         try:
             self.consumers.remove(consumer)
             if consumer.browser:
@@ -337,7 +304,7 @@ class Queue:
                 del self._groups[group]
         for entry in sorted(unsettled, key=lambda e: e.seq):
             if entry.consumer is consumer:
-                self._return(entry, delivery_failed=True)
+                self._return(entry, delivery_failed=failed)
         if self.consumers:
             self.dispatch()
 
@@ -486,6 +453,40 @@ class Queue:
                 entry.excluded.add(entry.consumer.consumer_id)
             self._return(entry, delivery_failed=(outcome is Outcome.MODIFIED and delivery_failed))
         self.dispatch()
+
+    def settle_late(self, entry: Entry, outcome: Outcome, *, delivery_failed: bool = False) -> LateAction:
+        """An outcome for an entry that went back when its consumer's link ended
+        (core/settlement.py: late outcomes)."""
+        action = late_outcome(outcome, delivery_failed, self._place(entry))
+        if action is LateAction.COUNT:
+            self._count_late_failure(entry)
+        elif action is LateAction.CONSUME:
+            self._ready.remove(entry)
+            self.acked_total += 1
+            self._drop(entry)
+        elif action is LateAction.DEAD_LETTER:
+            self._ready.remove(entry)
+            self._dead_letter(entry, "rejected")
+        return action
+
+    def _place(self, entry: Entry) -> Place:
+        if self.deleted:
+            return Place.GONE
+        if entry.consumer is not None:
+            return Place.ACQUIRED
+        return Place.WAITING if entry in self._ready else Place.GONE
+
+    def _count_late_failure(self, entry: Entry) -> None:
+        entry.delivery_count += 1
+        held = entry.consumer is not None
+        if (not held and self.max_delivery_attempts
+                and entry.delivery_count >= self.max_delivery_attempts):
+            self._ready.remove(entry)
+            self._dead_letter(entry, f"delivery attempts reached {self.max_delivery_attempts}")
+            return
+        hook = self.on_deliver if held else self.on_return
+        if entry.store_ref is not None and hook is not None:
+            hook(entry)
 
     def _release_hold(self, entry: Entry) -> None:
         entry.consumer = None

@@ -1,4 +1,4 @@
-"""Access control on the AMQP side: the I/O glue around the pure `acl.AclPolicy`.
+"""Access control on the AMQP side: the AMQP rules around the pure `acl.AclPolicy`.
 
 * a consumer attach (the broker's sending link) needs `consume` on the source
   address — `browse` for a distribution-mode `copy` source on a queue; a
@@ -9,9 +9,10 @@
   (`relay_denied`), and a denied message is rejected;
 * dynamic (temporary) nodes and transaction coordinators are always allowed.
 
-A refusal raises `AttachRefused("amqp:unauthorized-access", …)`, which the handler
-answers with a null terminus and a detach carrying the error.  With no ACL
-configured every check returns at once.
+The guard reads the broker model (core) it is given and plain terminus terms
+(core/terms.py); it returns a refusal's description and the server answers it
+(`amqp:unauthorized-access`, a null terminus and a detach carrying the error).
+With no ACL configured every check returns at once.
 """
 
 from __future__ import annotations
@@ -19,10 +20,15 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from ..core.addresses import AddressKind, AddressNotFound
+from ..core.subscriptions import SubscriptionKey, identity
+from ..core.terms import SourceTerms, TargetTerms
 from .acl import BROWSE, CONSUME, SEND, AclPolicy
 
 if TYPE_CHECKING:
     from ..config import Settings
+    from ..core.broker import Broker
+    from ..core.registry import SubscriptionRegistry
 
 log = logging.getLogger("amqpbroker.acl")
 
@@ -30,7 +36,9 @@ UNAUTHORIZED = "amqp:unauthorized-access"
 
 
 class AccessGuard:
-    def __init__(self, settings: "Settings"):
+    def __init__(self, settings: "Settings", broker: "Broker", subscriptions: "SubscriptionRegistry"):
+        self.broker = broker
+        self.subscriptions = subscriptions
         self.policy = AclPolicy.from_config([r.model_dump() for r in settings.acl],
                                             settings.anonymous.model_dump() if settings.anonymous else None)
         self.enabled = self.policy.enabled
@@ -57,50 +65,37 @@ class AccessGuard:
 
     # ------------------------------------------------------------------ attach
 
-    def check_attach(self, handler: Any, link: Any) -> None:
-        """Raise AttachRefused(amqp:unauthorized-access) when the link is not allowed."""
-        if not self.enabled:
-            return
-        from ..server.attach import AttachRefused
-        from ..server.terminus import read_source, read_target
-
-        user = handler.protocol.user
-        if link.is_sender:
-            source = read_source(link.remote_source)
-            if source.dynamic:
-                return
-            if source.is_null:
-                address = self._subscription_topic(handler, link)
-                action = CONSUME
-            else:
-                address = source.address or ""
-                action = BROWSE if (source.distribution_mode == "copy"
-                                    and self._is_queue(handler, address, source)) else CONSUME
-            if address is None:
-                return          # nothing to look up: the attach is answered amqp:not-found
+    def consumer_refusal(self, user: str | None, source: SourceTerms, link_name: str,
+                         container_id: str) -> str | None:
+        """A consumer attach (the broker's sending link): None when allowed."""
+        if not self.enabled or source.dynamic:
+            return None
+        if source.is_null:
+            address = self._subscription_topic(link_name, container_id)
+            action = CONSUME
         else:
-            target = read_target(link.remote_target)
-            if target.coordinator or target.dynamic or not target.address:
-                return          # anonymous relay: checked per message
-            address, action = target.address, SEND
-        refusal = self.check(user, action, address)
-        if refusal is not None:
-            raise AttachRefused(UNAUTHORIZED, refusal)
+            address = source.address or ""
+            action = BROWSE if source.distribution_mode == "copy" and self._is_queue(source) else CONSUME
+        if address is None:
+            return None     # nothing to look up: the attach is answered amqp:not-found
+        return self.check(user, action, address)
 
-    @staticmethod
-    def _is_queue(handler: Any, address: str, source: Any) -> bool:
-        from ..core.addresses import AddressKind, AddressNotFound
+    def producer_refusal(self, user: str | None, target: TargetTerms) -> str | None:
+        """A producer attach (the broker's receiving link): None when allowed."""
+        if not self.enabled or target.coordinator or target.dynamic or not target.address:
+            return None     # anonymous relay: checked per message
+        return self.check(user, SEND, target.address)
+
+    def _is_queue(self, source: SourceTerms) -> bool:
         try:
-            kind = handler.broker.resolve(address, topic=source.has("topic")).kind
+            kind = self.broker.resolve(source.address or "", topic=source.has("topic")).kind
         except AddressNotFound:
             return False
         return kind in (AddressKind.QUEUE, AddressKind.NEW_QUEUE)
 
-    @staticmethod
-    def _subscription_topic(handler: Any, link: Any) -> str | None:
-        from ..core.subscriptions import SubscriptionKey, identity
-        namespace, name, _, _ = identity(link.name, handler.container_id, None)
-        sub = handler.server.subscriptions.subscriptions.get(SubscriptionKey(namespace, name, True))
+    def _subscription_topic(self, link_name: str, container_id: str) -> str | None:
+        namespace, name, _, _ = identity(link_name, container_id, None)
+        sub = self.subscriptions.subscriptions.get(SubscriptionKey(namespace, name, True))
         if sub is None:
             return None
         b = sub.binding
@@ -108,11 +103,11 @@ class AccessGuard:
 
     # ------------------------------------------------------------------ anonymous relay
 
-    def relay_denied(self, handler: Any, msg: Any) -> str | None:
+    def relay_denied(self, user: str | None, msg: Any) -> str | None:
         """For a message on an anonymous-relay link: None if its `to` may be sent to."""
         if not self.enabled:
             return None
         to = msg.prop("to")
         if not to:
             return None
-        return self.check(handler.protocol.user, SEND, str(to))
+        return self.check(user, SEND, str(to))

@@ -87,7 +87,7 @@ class BrokerServer:
         self.metrics_auth_failures = 0
         self.connection_count = 0
         self.stopping = False
-        self.access = AccessGuard(settings)                 # ACLs ([[acl]], [anonymous])
+        self.access = AccessGuard(settings, self.broker, self.subscriptions)   # [[acl]], [anonymous]
         from ..management.service import Operations
         self.operations = Operations(self)                  # management API, metrics, expiry policy
 

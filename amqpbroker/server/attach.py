@@ -19,7 +19,10 @@ from ..core.subscriptions import (
     lifetime_for,
 )
 from ..core.terms import CAP_TOPIC, SourceTerms
-from .links import LinkConsumer
+from ..security.guard import UNAUTHORIZED
+from .links import LinkConsumer, session_key
+from .refusal import AttachRefused
+from .sequence import attach_range_reader, range_filter
 from .terminus import read_source, write_source
 
 if TYPE_CHECKING:
@@ -33,13 +36,6 @@ def temp_name(kind: str) -> str:
     return f"{TEMP_PREFIX}{kind}.{uuid.uuid4().hex}"
 
 
-class AttachRefused(Exception):
-    def __init__(self, condition: str, description: str):
-        super().__init__(description)
-        self.condition = condition
-        self.description = description
-
-
 class ConsumerAttacher:
     def __init__(self, handler: "ConnectionHandler"):
         self.handler = handler
@@ -49,7 +45,6 @@ class ConsumerAttacher:
     def attach(self, link: Link) -> LinkConsumer:
         source = read_source(link.remote_source)
         if source.filters:
-            from .sequence import attach_range_reader, range_filter
             flt = range_filter(source)
             if flt is not None:   # a log read by sequence number (server/sequence.py)
                 return attach_range_reader(self, link, source, flt)
@@ -64,6 +59,10 @@ class ConsumerAttacher:
             resolution = self.broker.resolve(source.address, topic=source.has(CAP_TOPIC))
         except AddressNotFound as exc:
             raise AttachRefused("amqp:not-found", exc.why) from None
+        if not self.broker.may_consume(resolution.name, self.handler):
+            raise AttachRefused(UNAUTHORIZED,
+                                f"temporary destination '{resolution.name}' can be consumed only by "
+                                f"the connection that created it")
         if resolution.kind is AddressKind.EXCHANGE:
             exchange = self.broker.exchanges[resolution.name]
             key = resolution.key if resolution.key is not None else exchange.default_key()
@@ -97,7 +96,9 @@ class ConsumerAttacher:
         """A dynamic source (AMQP 1.0 §3.5.3; a reply queue): a fresh queue that
         lives as long as this link (or its connection)."""
         name = temp_name("queue")
-        queue = self.broker.declare_queue(name, durable=False, owner=self.handler)
+        self.broker.declare_temporary(name, self.handler)
+        queue = self.broker.queues[name]
+        queue.owner = self.handler   # deleted with the connection (and with this link)
         reply = source.with_(address=name, filters=())
         consumer = self._open(link, reply, queue, selector, source.no_local, False)
         consumer.temp_node = ("queue", name)
@@ -132,7 +133,6 @@ class ConsumerAttacher:
             return None
         lifetime = lifetime_for(source.expiry_policy)
         if lifetime is LifetimePolicy.DELETE_ON_SESSION_END:
-            from .handlers import session_key
             return session_key(link.session)
         if lifetime is LifetimePolicy.DELETE_ON_CONNECTION_CLOSE:
             return self.handler

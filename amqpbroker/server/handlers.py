@@ -10,21 +10,24 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from proton import Condition, Delivery, Event, Link, symbol
+from proton import Condition, Delivery, Endpoint, Event, Link, symbol
 
 from .. import PRODUCT, __version__
 from ..core.addresses import AddressKind, AddressNotFound
 from ..core.message import MalformedMessage, Message
 from ..core.queues import LifetimePolicy
+from ..core.settlement import LinkEnding
+from ..security.guard import UNAUTHORIZED
 from ..core.subscriptions import RESOURCE_LIMIT, DetachAction
 from dataclasses import replace
 
 from ..core.addresses import Resolution
-from .attach import AttachRefused, ConsumerAttacher, temp_name
-from .links import ACCEPTED, REJECTED, LinkConsumer, Producer, link_key
+from .attach import ConsumerAttacher, temp_name
+from .refusal import AttachRefused
+from .links import ACCEPTED, REJECTED, EndedDeliveries, LinkConsumer, Producer, link_key, session_key
 from cproton import lib
 from .coordinator import TRANSACTIONAL_STATE, Coordinator, stage_ack, stage_send
-from .terminus import read_target, write_null, write_target
+from .terminus import read_source, read_target, write_null, write_target
 from .sequence import CONTROL_ADDRESSES, RangeReader, attach_control, dedup_publish
 from ..core.terms import TargetTerms
 
@@ -52,6 +55,7 @@ class ConnectionHandler:
         self.links = 0
         self.endpoints: dict[int, Any] = {}       # id(link impl) → LinkConsumer / Producer
         self.consumers: list[LinkConsumer] = []
+        self.ended_deliveries = EndedDeliveries(protocol.loop)
         self.attacher = ConsumerAttacher(self)
         self._table = {
             Event.CONNECTION_REMOTE_OPEN.number: self.on_connection_remote_open,
@@ -103,14 +107,23 @@ class ConnectionHandler:
     def on_connection_remote_close(self, ev: Event) -> None:
         cond = self.conn.remote_condition
         self.conn.close()
-        self._end(f"closed by peer{f' ({cond.name}: {cond.description})' if cond else ''}")
+        self._end(f"closed by peer{f' ({cond.name}: {cond.description})' if cond else ''}",
+                  LinkEnding.CONNECTION_CLOSED)
 
     def on_transport_error(self, ev: Event) -> None:
         cond = ev.transport.condition
-        self._end(f"transport error: {cond.name}: {cond.description}" if cond else "transport error")
+        self._end(f"transport error: {cond.name}: {cond.description}" if cond else "transport error",
+                  self._lost())
 
     def socket_closed(self) -> None:
-        self._end("socket closed")
+        self._end("socket closed", self._lost())
+
+    def _lost(self) -> LinkEnding:
+        """The transport ended without the peer's close: lost (socket error, idle
+        timeout, a killed client), unless the broker had closed the connection."""
+        if self.conn.state & Endpoint.LOCAL_CLOSED:
+            return LinkEnding.BROKER_ENDED
+        return LinkEnding.CONNECTION_LOST
 
     def internal_error(self) -> None:
         """A handler raised: close the connection rather than leave it half-done."""
@@ -118,7 +131,7 @@ class ConnectionHandler:
             self.conn.condition = Condition("amqp:internal-error", "internal broker error")
             self.conn.close()
 
-    def _end(self, why: str) -> None:
+    def _end(self, why: str, ending: LinkEnding) -> None:
         if self.ended:
             return
         self.ended = True
@@ -128,8 +141,9 @@ class ConnectionHandler:
             txns.take(txn.txn_id)
             txns.rollback(txn)
         for endpoint in list(self.endpoints.values()):
-            self._release(endpoint, closed=False)
+            self._release(endpoint, closed=False, ending=ending)
         self.endpoints.clear()
+        self.ended_deliveries.clear()
         for sub in self.server.subscriptions.owned_by(self):
             self.server.subscriptions.delete(sub)
         for queue in list(self.broker.queues_owned_by(self)):
@@ -156,14 +170,21 @@ class ConnectionHandler:
         session.open()
 
     def on_session_remote_close(self, ev: Event) -> None:
+        """AMQP 1.0 §2.5.2: the end detaches every link of the session; nothing can be
+        settled on it afterwards, so producers' pending answers are dropped too."""
         session = ev.session
         link = self.conn.link_head(0)
         while link:
             if link.session == session:
+                self.server.forget_link(self, link)
                 endpoint = self.endpoints.pop(link_key(link), None)
                 if endpoint is not None:
-                    self._release(endpoint, closed=False)
+                    self.links -= 1
+                    self._release(endpoint, closed=False, ending=LinkEnding.SESSION_ENDED)
+                    if isinstance(endpoint, Producer):
+                        endpoint.abandon()
             link = link.next(0)
+        self.ended_deliveries.session_ended(session._impl)
         for sub in self.server.subscriptions.owned_by(session_key(session)):
             self.server.subscriptions.delete(sub)
         for queue in list(self.broker.queues_owned_by(session_key(session))):
@@ -171,6 +192,9 @@ class ConnectionHandler:
         if session.state & session.LOCAL_ACTIVE:
             self.sessions -= 1
             session.close()
+        # Freed with its links: a connection that opens a session per unit of work
+        # (JmsTemplate without a session cache) must not grow.
+        session.free()
 
     # ------------------------------------------------------------------ links
 
@@ -184,7 +208,7 @@ class ConnectionHandler:
         # before the subscription table looks at consumer counts.
         self.server.steal_link(self, link)
         try:
-            self.server.access.check_attach(self, link)
+            self._check_access(link)
             if link.is_sender:
                 endpoint = self.attacher.attach(link)
             else:
@@ -195,6 +219,20 @@ class ConnectionHandler:
             return
         self.links += 1
         self.endpoints[link_key(link)] = endpoint
+
+    def _check_access(self, link: Link) -> None:
+        """The ACL (security/guard.py) on an attach: AttachRefused when not allowed."""
+        access = self.server.access
+        if not access.enabled:
+            return
+        user = self.protocol.user
+        if link.is_sender:
+            refusal = access.consumer_refusal(user, read_source(link.remote_source), link.name,
+                                              self.container_id)
+        else:
+            refusal = access.producer_refusal(user, read_target(link.remote_target))
+        if refusal is not None:
+            raise AttachRefused(UNAUTHORIZED, refusal)
 
     def refuse(self, link: Link, condition: str, description: str) -> None:
         """Null terminus + detach with the error: the refusal shape clients
@@ -225,12 +263,12 @@ class ConnectionHandler:
             # that lives until this link (or the connection) closes.
             if target.has("temporary-topic") or target.has("topic"):
                 name = temp_name("topic")
-                self.broker.declare_exchange(name, "fanout", durable=False)
+                self.broker.declare_temporary(name, self, topic=True)
                 temp_node = ("exchange", name)
                 resolution = Resolution(AddressKind.EXCHANGE, name, "")
             else:
                 name = temp_name("queue")
-                self.broker.declare_queue(name, durable=False)
+                self.broker.declare_temporary(name, self)
                 temp_node = ("queue", name)
                 resolution = Resolution(AddressKind.QUEUE, name)
             target = replace(target, address=name)
@@ -274,7 +312,7 @@ class ConnectionHandler:
         answer: Condition | None = None
         if endpoint is not None:
             self.links -= 1
-            answer = self._release(endpoint, closed=closed)
+            answer = self._release(endpoint, closed=closed, ending=LinkEnding.DETACHED)
         if link.state & Link.LOCAL_CLOSED:
             return
         if answer is not None:
@@ -282,25 +320,38 @@ class ConnectionHandler:
         sub = getattr(endpoint, "subscription", None)
         if closed and sub is not None and sub.durable and self.server.store.persistent:
             # Unsubscribe: reply once the deletion is on disk.
-            self.server.store.after_commit(lambda err: self._answer_detach(link, closed))
+            self.server.store.after_commit(lambda err: self._answer_detach(link, closed, endpoint))
             return
-        self._answer_detach(link, closed)
+        self._answer_detach(link, closed, endpoint)
 
-    def _answer_detach(self, link: Link, closed: bool) -> None:
-        if self.ended:
-            return
+    def _answer_detach(self, link: Link, closed: bool, endpoint: Any) -> None:
+        if self.ended or link.session.state & Endpoint.LOCAL_CLOSED:
+            return   # the connection or the session ended meanwhile (and took the link)
         if closed:
             link.close()
         else:
             detach_with_condition(link)
+        self._free(link, endpoint)
         self.protocol.mark_dirty()
+
+    def _free(self, link: Link, endpoint: Any) -> None:
+        """Free a link both ends have detached, so that a long-lived connection whose
+        application opens and closes consumers (JmsTemplate) does not grow.  Not while
+        its deliveries may still be touched: settlements waiting for a store commit
+        (freed with the connection), late outcomes (EndedDeliveries frees it after)."""
+        if isinstance(endpoint, Producer) and endpoint.in_order:
+            return
+        if endpoint is None:
+            return   # ended by the broker earlier: it may still hold deliveries
+        if self.ended_deliveries.free_when_done(link._impl):
+            link.free()
 
     def refuse_after(self, link: Link, condition: str, description: str) -> None:
         """Refuse a link whose attach reply was held back (a failed durable commit)."""
         endpoint = self.endpoints.pop(link_key(link), None)
         if endpoint is not None:
             self.links -= 1
-            self._release(endpoint, closed=False)
+            self._release(endpoint, closed=False, ending=LinkEnding.BROKER_ENDED)
         self.refuse(link, condition, description)
         self.protocol.mark_dirty()
 
@@ -309,31 +360,31 @@ class ConnectionHandler:
         endpoint = self.endpoints.pop(link_key(link), None)
         if endpoint is not None:
             self.links -= 1
-            self._release(endpoint, closed=False)
+            self._release(endpoint, closed=False, ending=LinkEnding.BROKER_ENDED)
 
     def stolen(self, link: Link) -> None:
         """AMQP 1.0 §2.6.2: the same link attached elsewhere takes it over."""
         endpoint = self.endpoints.pop(link_key(link), None)
         if endpoint is not None:
             self.links -= 1
-            self._release(endpoint, closed=False)
+            self._release(endpoint, closed=False, ending=LinkEnding.BROKER_ENDED)
         link.condition = Condition("amqp:link:stolen", "link attached again by another session")
         detach_with_condition(link)
         self.protocol.mark_dirty()
 
-    def _release(self, endpoint: Any, *, closed: bool) -> Condition | None:
+    def _release(self, endpoint: Any, *, closed: bool, ending: LinkEnding) -> Condition | None:
         temp = getattr(endpoint, "temp_node", None)
         if temp is not None:
             endpoint.temp_node = None
             if isinstance(endpoint, LinkConsumer):
-                endpoint.close()
+                endpoint.close(ending)
             kind, name = temp
             if kind == "queue":
                 self.broker.delete_queue(name)
             else:
                 self.broker.delete_exchange(name)
         if isinstance(endpoint, LinkConsumer):
-            endpoint.close()
+            endpoint.close(ending)
             if endpoint in self.consumers:
                 self.consumers.remove(endpoint)
             return self._consumer_gone(endpoint, closed)
@@ -371,8 +422,8 @@ class ConnectionHandler:
 
     def on_delivery_raw(self, dlv: Any) -> None:
         endpoint = self.endpoints.get(lib.pn_delivery_link(dlv))
-        if endpoint is None:
-            lib.pn_delivery_settle(dlv)
+        if endpoint is None:   # its link has ended: a late disposition
+            self.ended_deliveries.on_delivery(dlv)
         else:
             endpoint.on_delivery(dlv)
 
@@ -385,9 +436,9 @@ class ConnectionHandler:
                 self._reject(producer, dlv, RESOURCE_LIMIT, "message store is full")
                 return
             if producer.target is None and self.server.access.enabled:
-                denied = self.server.access.relay_denied(self, msg)
+                denied = self.server.access.relay_denied(self.protocol.user, msg)
                 if denied is not None:
-                    self._reject(producer, dlv, "amqp:unauthorized-access", denied)
+                    self._reject(producer, dlv, UNAUTHORIZED, denied)
                     return
             target = producer.target or self.broker.resolve_for_relay(msg)
             if lib.pn_delivery_remote_state(dlv) == TRANSACTIONAL_STATE:
@@ -430,7 +481,4 @@ def detach_with_condition(link: Link) -> None:
     link._update_cond()
     link.detach()
 
-
-def session_key(session: Any) -> int:
-    return hash(session)
 

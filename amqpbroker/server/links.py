@@ -22,6 +22,7 @@ from proton import Condition, Delivery, Link
 from ..core.addresses import AddressKind
 from ..core.message import MalformedMessage, selector_lookup
 from ..core.queues import Entry, Outcome, Queue
+from ..core.settlement import LinkEnding, counts_as_failed
 from ..core.subscriptions import RESOURCE_LIMIT
 
 if TYPE_CHECKING:
@@ -40,6 +41,10 @@ TRANSACTIONAL_STATE = 0x34
 _consumer_ids = iter(range(1, 1 << 62))
 _pack_tag = struct.Struct(">Q").pack_into
 FLOW_RECHECK = 0.002   # seconds between looks at a congested queue
+_REMOTE_CLOSED = lib.PN_REMOTE_CLOSED
+# How long the deliveries of an ended consumer link wait for a late disposition
+# (Qpid JMS sends one round trip after the broker's detach); then they are settled.
+LATE_OUTCOME_WINDOW = 5.0
 
 
 class LinkConsumer:
@@ -51,6 +56,8 @@ class LinkConsumer:
         self.handler = handler
         self.link = link
         self.impl = link._impl
+        self._session = lib.pn_link_session(self.impl)
+        self._connection = lib.pn_session_connection(self._session)
         self.queue = queue
         self.selector = selector
         self.no_local = no_local
@@ -76,7 +83,18 @@ class LinkConsumer:
     def credit(self) -> int:
         if self.closed or not self.ready or self.handler.protocol.write_paused:
             return 0
-        return lib.pn_link_credit(self.impl)
+        credit = lib.pn_link_credit(self.impl)
+        if credit > 0 and self.peer_ending():
+            return 0
+        return credit
+
+    def peer_ending(self) -> bool:
+        """The peer has closed this link, ended its session or closed the connection
+        in frames not handled yet (a disposition it sent just before is being
+        handled now): nothing may be sent on it again (Qpid JMS's modified → end)."""
+        return bool(lib.pn_link_state(self.impl) & _REMOTE_CLOSED
+                    or lib.pn_session_state(self._session) & _REMOTE_CLOSED
+                    or lib.pn_connection_state(self._connection) & _REMOTE_CLOSED)
 
     def accepts(self, entry: Entry) -> bool:
         if self.no_local and entry.msg.publisher == self.handler.connection_key:
@@ -168,14 +186,96 @@ class LinkConsumer:
         else:  # accepted, or settled without a state: treat as consumed
             self.queue.settle(entry, Outcome.ACCEPTED)
 
-    def close(self) -> None:
-        """The link ended: give back what was not settled, in order."""
+    def close(self, ending: LinkEnding) -> None:
+        """The link ended: give back what was not settled, in order, counted as a
+        failed attempt only when the connection was lost (core/settlement.py).  After
+        a normal ending the deliveries wait a while for late dispositions."""
         if self.closed:
             return
         self.closed = True
-        pending = list(self.unsettled.values())
-        self.unsettled.clear()
-        self.queue.remove_consumer(self, pending)
+        held, self.unsettled = self.unsettled, {}
+        self.queue.remove_consumer(self, list(held.values()), failed=counts_as_failed(ending))
+        if ending is not LinkEnding.CONNECTION_LOST:
+            self.handler.ended_deliveries.keep(self.impl, self.queue, held, self.browsed)
+        self.browsed = set()
+
+
+class EndedDeliveries:
+    """Deliveries of consumer links that ended unsettled.  Dispositions name delivery-ids
+    on the session (AMQP 1.0 §2.7.6), so the peer may still settle them after its
+    detach; such a late outcome is honoured (`Queue.settle_late`) instead of the
+    source's default outcome.  Each link's deliveries are settled and forgotten after
+    LATE_OUTCOME_WINDOW, when their session ends, or with the connection."""
+
+    def __init__(self, loop: Any):
+        self.loop = loop
+        # raw pn_link_t* → (queue, {pn_delivery_t*: entry}, {browser copies}, timer)
+        self.by_link: dict[Any, tuple[Queue, dict[Any, Entry], set[Any], Any]] = {}
+        self._free_after: set[Any] = set()   # links to free once forgotten
+
+    def free_when_done(self, link: Any) -> bool:
+        """The handler is done with this link: True when it may be freed now, False
+        when its deliveries still wait (then `forget` frees it)."""
+        if link not in self.by_link:
+            return True
+        self._free_after.add(link)
+        return False
+
+    def keep(self, link: Any, queue: Queue, held: dict[Any, Entry], browsed: set[Any]) -> None:
+        if not held and not browsed:
+            return
+        timer = self.loop.call_later(LATE_OUTCOME_WINDOW, self.forget, link)
+        self.by_link[link] = (queue, held, browsed, timer)
+
+    def on_delivery(self, dlv: Any) -> None:
+        """A disposition for a delivery of a link that is no longer an endpoint."""
+        kept = self.by_link.get(lib.pn_delivery_link(dlv))
+        if kept is not None and (lib.pn_delivery_updated(dlv) or lib.pn_delivery_settled(dlv)):
+            queue, held, browsed, _ = kept
+            entry = held.pop(dlv, None)
+            browsed.discard(dlv)
+            if entry is not None:
+                self._late_outcome(queue, entry, dlv)
+        lib.pn_delivery_settle(dlv)
+
+    @staticmethod
+    def _late_outcome(queue: Queue, entry: Entry, dlv: Any) -> None:
+        state = lib.pn_delivery_remote_state(dlv)
+        outcome = _OUTCOMES.get(state)
+        if outcome is None:   # settled without a state, or transactional: nothing to do
+            return
+        failed = outcome is Outcome.MODIFIED and lib.pn_disposition_is_failed(lib.pn_delivery_remote(dlv))
+        action = queue.settle_late(entry, outcome, delivery_failed=bool(failed))
+        log.debug("queue %s: late %s for seq=%d after its link ended: %s", queue.name,
+                  outcome.value, entry.seq, action.value)
+
+    def forget(self, link: Any) -> None:
+        """Stop waiting for this link's late dispositions: settle what is left."""
+        kept = self.by_link.pop(link, None)
+        if kept is None:
+            return
+        _, held, browsed, timer = kept
+        timer.cancel()
+        for dlv in list(held) + list(browsed):
+            lib.pn_delivery_settle(dlv)
+        if link in self._free_after:
+            self._free_after.discard(link)
+            lib.pn_link_free(link)
+
+    def session_ended(self, session: Any) -> None:
+        for link in [k for k in self.by_link if lib.pn_link_session(k) == session]:
+            self.forget(link)
+
+    def clear(self) -> None:
+        """The connection ended: nothing more can arrive."""
+        for _, _, _, timer in self.by_link.values():
+            timer.cancel()
+        self.by_link.clear()
+        self._free_after.clear()
+
+
+_OUTCOMES = {ACCEPTED: Outcome.ACCEPTED, REJECTED: Outcome.REJECTED,
+             RELEASED: Outcome.RELEASED, MODIFIED: Outcome.MODIFIED}
 
 
 class Producer:
@@ -331,3 +431,8 @@ def link_key(link: Link) -> Any:
     raw pn_link_t*, equal to the pointer a raw event carries (cffi pointers hash
     and compare by address)."""
     return link._impl
+
+
+def session_key(session: Any) -> int:
+    """The owner key of a session's non-durable nodes (expiry policy session-end)."""
+    return hash(session)

@@ -48,6 +48,7 @@ from ..core.sequence import (
 )
 from ..core.terms import Filter, SourceTerms, TargetTerms
 from .links import ACCEPTED, REJECTED, Producer
+from .refusal import AttachRefused
 from .terminus import write_source, write_target
 
 if TYPE_CHECKING:
@@ -131,8 +132,6 @@ def range_filter(source: SourceTerms) -> Filter | None:
 
 def attach_range_reader(attacher: "ConsumerAttacher", link: Link, source: SourceTerms,
                         flt: Filter) -> "RangeReader":
-    from .attach import AttachRefused
-
     handler = attacher.handler
     try:
         wanted = parse_range(flt.value)

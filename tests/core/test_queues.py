@@ -90,7 +90,7 @@ def test_undeliverable_here_goes_to_another_consumer_only():
     assert bodies(b.delivered) == ["x"]
 
 
-def test_link_close_returns_unsettled_in_original_order_with_count_plus_one():
+def _two_consumers_holding_four():
     q = Queue("q")
     for i in range(4):
         q.enqueue(make_message(i))
@@ -98,13 +98,37 @@ def test_link_close_returns_unsettled_in_original_order_with_count_plus_one():
     b = RecordingConsumer(credit=2)
     q.add_consumer(a)
     q.add_consumer(b)
-    # a got 0 and 2, b got 1 and 3 (round robin)
-    q.remove_consumer(b, list(b.delivered))
-    q.remove_consumer(a, list(a.delivered))
+    return q, a, b   # a took 0 and 1 when it was added, b took 2 and 3
+
+
+def test_normal_link_end_returns_unsettled_in_original_order_uncounted():
+    q, a, b = _two_consumers_holding_four()
+    q.remove_consumer(b, list(b.delivered), failed=False)
+    q.remove_consumer(a, list(a.delivered), failed=False)
     c = RecordingConsumer(credit=10)
     q.add_consumer(c)
     assert bodies(c.delivered) == [0, 1, 2, 3]
-    assert all(e.delivery_count == 1 for e in c.delivered)
+    assert [e.delivery_count for e in c.delivered] == [0, 0, 0, 0]
+
+
+def test_lost_connection_returns_unsettled_in_original_order_with_count_plus_one():
+    q, a, b = _two_consumers_holding_four()
+    q.remove_consumer(b, list(b.delivered), failed=True)
+    q.remove_consumer(a, list(a.delivered), failed=False)
+    c = RecordingConsumer(credit=10)
+    q.add_consumer(c)
+    assert bodies(c.delivered) == [0, 1, 2, 3]
+    assert [e.delivery_count for e in c.delivered] == [0, 0, 1, 1]
+
+
+def test_lost_connection_can_dead_letter_at_max_attempts():
+    dead = []
+    q = Queue("q", max_delivery_attempts=1, dead_letter=lambda e, why: dead.append(why))
+    q.enqueue(make_message("m"))
+    c = RecordingConsumer(credit=1)
+    q.add_consumer(c)
+    q.remove_consumer(c, list(c.delivered), failed=True)
+    assert dead == ["delivery attempts reached 1"] and q.depth == 0
 
 
 def test_max_delivery_attempts_dead_letters():
@@ -176,7 +200,7 @@ def test_message_groups_stick_to_one_consumer_then_move():
     assert len(a.delivered) == 6 and b.delivered == []
     for e in list(a.delivered):
         q.settle(e, Outcome.ACCEPTED)
-    q.remove_consumer(a, [])
+    q.remove_consumer(a, [], failed=False)
     q.enqueue(make_message("after", group_id="g1"))
     assert bodies(b.delivered) == ["after"]
 

@@ -37,7 +37,7 @@ def test_global_links_n2_leave_no_registry_entry_after_plain_detach():
     sub, queue, c1 = attach(reg, "s|global", "ID:a", src)
     _, _, c2 = attach(reg, "s|global2", "ID:a", src)
     assert (GLOBAL_NAMESPACE, "s|global2") in reg.links
-    queue.remove_consumer(c2, [])
+    queue.remove_consumer(c2, [], failed=False)
     assert reg.detach(sub, "s|global2", closed=False) is DetachAction.KEEP
     assert (GLOBAL_NAMESPACE, "s|global2") not in reg.links
     assert (GLOBAL_NAMESPACE, "s|global") in reg.links
@@ -48,13 +48,13 @@ def test_unsubscribe_deletes_queue_and_every_registry_link():
     src = shared_durable_source(global_=False)
     sub, queue, c1 = attach(reg, "s", "cid", src)
     _, _, c2 = attach(reg, "s|2", "cid", src)
-    queue.remove_consumer(c2, [])
+    queue.remove_consumer(c2, [], failed=False)
     reg.detach(sub, "s|2", closed=False)
-    queue.remove_consumer(c1, [])
+    queue.remove_consumer(c1, [], failed=False)
     reg.detach(sub, "s", closed=False)
     lookup_sub, lookup_queue, c3 = attach(reg, "s", "cid")       # null source lookup
     assert lookup_sub is sub
-    lookup_queue.remove_consumer(c3, [])
+    lookup_queue.remove_consumer(c3, [], failed=False)
     assert reg.detach(sub, "s", closed=True) is DetachAction.DELETE
     assert sub.queue_name not in broker.queues
     assert reg.links == {} and reg.subscriptions == {}
@@ -66,7 +66,7 @@ def test_close_with_other_consumers_keeps_subscription_and_links():
     src = shared_durable_source()
     sub, queue, c1 = attach(reg, "s|global", "ID:a", src)
     _, _, c2 = attach(reg, "s|global", "ID:b", src)
-    queue.remove_consumer(c2, [])
+    queue.remove_consumer(c2, [], failed=False)
     assert reg.detach(sub, "s|global", closed=True) is DetachAction.REFUSE_LOCKED
     assert sub.queue_name in broker.queues and (GLOBAL_NAMESPACE, "s|global") in reg.links
 
@@ -75,7 +75,7 @@ def test_recreate_drops_backlog_and_rebinds():
     broker, reg = new_registry()
     src = shared_durable_source(global_=False)
     sub, queue, c1 = attach(reg, "s", "cid", src)
-    queue.remove_consumer(c1, [])
+    queue.remove_consumer(c1, [], failed=False)
     c1._credit = 0
     queue.enqueue(make_message("old"))
     d = reg.decide("s", "cid", src, BindingSpec("amq.topic", "sports"))

@@ -32,6 +32,7 @@ class RawClient:
                  user: str | None = None, password: str | None = None,
                  idle_timeout: float | None = None, open: bool = True):
         self.sock = socket.create_connection((host, port), timeout=5)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)   # as AMQP clients do
         self.sock.setblocking(False)
         self.transport = Transport(Transport.CLIENT)
         if idle_timeout:

@@ -138,6 +138,18 @@ def settle(dlv: Delivery, state: int, *, failed: bool = False, undeliverable: bo
     dlv.settle()
 
 
+def dead_letters(broker: Any, address: str = "DLQ") -> list[tuple]:
+    """(body, delivery-count) of everything on the dead-letter queue, consumed."""
+    out = []
+    with connection(broker) as conn:
+        rcv = receiver(conn, address, credit=20)
+        while not nothing_arrives(conn, rcv):
+            msg, dlv = fetch(conn, rcv)
+            settle(dlv, Delivery.ACCEPTED)
+            out.append((msg.body, msg.delivery_count))
+    return out
+
+
 def wait_settled(conn: BlockingConnection, dlv: Delivery, timeout: float = WAIT) -> None:
     conn.wait(lambda: dlv.remote_state != 0 or dlv.settled, timeout=timeout,
               msg="waiting for the broker to settle a delivery")
@@ -165,5 +177,5 @@ def annotated(body: Any, annotations: dict, **kw: Any) -> Message:
 
 __all__ = ["QUIET", "WAIT", "uid", "word", "connection", "TargetOptions", "receiver", "sender", "barrier", "send",
            "send_bodies", "fetch", "fetch_body", "nothing_arrives", "drain_bodies", "settle",
-           "wait_settled", "expect_refused", "let_time_pass", "annotated", "Terminus", "Delivery", "Message",
+           "dead_letters", "wait_settled", "expect_refused", "let_time_pass", "annotated", "Terminus", "Delivery", "Message",
            "Timeout", "LinkDetached"]

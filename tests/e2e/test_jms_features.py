@@ -5,11 +5,12 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from proton import Message, Terminus, Timeout, symbol
+from proton import Message, Terminus, Timeout
 from proton.utils import LinkDetached
 
 from tests.client import SourceOptions, connect
 from tests.e2e.helpers_conn import RawClient
+from tests.e2e.jms_wire import JmsSession, dynamic_target_sender
 
 pytestmark = pytest.mark.e2e
 
@@ -49,37 +50,23 @@ def test_dynamic_source_reply_queue_request_reply(broker):
     server.close()
 
 
-def dynamic_target_sender(client: RawClient, session, capability: str):
-    snd = session.sender(f"qpid-jms:temp-destination:{uuid.uuid4()}")
-    snd.target.dynamic = True
-    caps = snd.target.capabilities
-    caps.put_array(False, 21)
-    caps.enter()
-    caps.put_symbol(symbol(capability))
-    caps.exit()
-    snd.target.expiry_policy = Terminus.EXPIRE_WITH_LINK
-    snd.open()
-    client.wait(lambda: snd.remote_target.address, what="dynamic target address")
-    return snd
-
-
 def test_temporary_queue_lives_until_creating_link_closes(broker):
     client = RawClient("127.0.0.1", broker.port, container_id=uniq("jms")).wait_open()
     session = client.session()
     creator = dynamic_target_sender(client, session, "temporary-queue")
     address = creator.remote_target.address
     other = connect(broker.url)
-    other.create_sender(address).send(Message(body="to-temp"))
-    rcv = other.create_receiver(address)
-    assert rcv.receive(timeout=5).body == "to-temp"
-    rcv.accept()
-    rcv.close()
+    other.create_sender(address).send(Message(body="to-temp"))   # anyone may send
+    consumer = JmsSession(client).consumer(address)               # only its creator consumes
+    assert consumer.receive().body == "to-temp"
+    consumer.acknowledge()
+    consumer.close()
     creator.close()
     client.wait(lambda: creator.state & creator.REMOTE_CLOSED, what="detach")
     other.close()
     fresh = connect(broker.url)
     with pytest.raises(LinkDetached) as gone:
-        fresh.create_receiver(address)
+        fresh.create_sender(address)
     assert "amqp:not-found" in str(gone.value)
     fresh.close()
     client.close()
@@ -91,18 +78,18 @@ def test_temporary_topic_fans_out_and_goes_with_connection(broker):
     creator = dynamic_target_sender(client, session, "temporary-topic")
     address = creator.remote_target.address
     assert address.startswith("amqpbroker.temp-topic.")
-    subs = connect(broker.url)
-    a, b = subs.create_receiver(address, name="sub-a"), subs.create_receiver(address, name="sub-b")
+    subs = JmsSession(client)
+    a = subs.consumer(address, capability="topic")
+    b = subs.consumer(address, capability="topic")
     pub = connect(broker.url)
     pub.create_sender(address).send(Message(body="all"))
-    assert a.receive(timeout=5).body == "all" and b.receive(timeout=5).body == "all"
+    assert a.receive().body == "all" and b.receive().body == "all"
     client.close()   # the creating connection ends: the temporary topic goes
     pub.close()
     late = connect(broker.url)
     with pytest.raises(LinkDetached):
         late.create_sender(address)
     late.close()
-    subs.close()
 
 
 def test_queue_browser_does_not_consume(broker):

@@ -11,6 +11,7 @@ from proton.utils import LinkDetached
 
 from tests.client import connect, terminus_capabilities, terminus_filters
 from tests.e2e.jms_links import detach, null_source_attach, shared_consumer, durable_consumer
+from tests.e2e.jms_wire import JmsSession, jms_client
 
 pytestmark = pytest.mark.e2e
 
@@ -293,3 +294,38 @@ def test_sigkill_with_a_paged_backlog_loses_nothing(broker_factory):
     a = assess(traffic, drain(b.url, q))
     assert a.ok, a.problems()
     assert a.recovered >= a.accepted >= 2500 and a.redelivered == 0
+
+
+def _sync(url: str) -> None:
+    """A durable send answered Accepted: every store write queued before it (on any
+    connection) is committed, since batches commit in order."""
+    send(url, uniq("sync"), ["sync"])
+
+
+def test_messages_given_back_at_a_normal_close_stay_uncounted_across_sigkill(durable_broker):
+    q = uniq("q")
+    send(durable_broker.url, q, ["a", "b", "c"])
+    client = jms_client(durable_broker)
+    consumer = JmsSession(client).consumer(q)
+    consumer.wait_prefetched(3)     # each one marked delivered in the store
+    consumer.close()                # detach → released: not a failed attempt
+    client.close()
+    _sync(durable_broker.url)
+    durable_broker.kill()
+    durable_broker.start()
+    got = receive_all(durable_broker.url, q, 3)
+    assert [(m.body, m.delivery_count) for m in got] == [("a", 0), ("b", 0), ("c", 0)]
+
+
+def test_messages_of_a_lost_connection_come_back_counted_once_across_sigkill(durable_broker):
+    q = uniq("q")
+    send(durable_broker.url, q, ["a", "b", "c"])
+    client = jms_client(durable_broker)
+    JmsSession(client).consumer(q, prefetch=2).wait_prefetched(2)
+    client.abandon()                # no close: counted as a failed attempt
+    durable_broker.wait_for_log(r"connection closed: .*\(socket closed\)|connection closed: .*transport error")
+    _sync(durable_broker.url)
+    durable_broker.kill()
+    durable_broker.start()
+    got = receive_all(durable_broker.url, q, 3)
+    assert [(m.body, m.delivery_count) for m in got] == [("a", 1), ("b", 1), ("c", 0)]

@@ -81,7 +81,7 @@ class FakeHandler:
         consumer = self.endpoints.pop(link.name, None)
         if consumer is not None:
             self.links -= 1
-            consumer.queue.remove_consumer(consumer, [])
+            consumer.queue.remove_consumer(consumer, [], failed=False)
             if consumer.subscription is not None:
                 self.server.subscriptions.detach(consumer.subscription, link.name, closed=False)
 

@@ -90,7 +90,7 @@ def drain(queue: Queue, n: int) -> list:
     got = bodies(c.delivered)
     for entry in list(c.delivered):
         queue.settle(entry, Outcome.ACCEPTED)
-    queue.remove_consumer(c, [])
+    queue.remove_consumer(c, [], failed=False)
     return got
 
 

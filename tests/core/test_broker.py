@@ -1,0 +1,45 @@
+"""Broker-level rules without a socket: temporary destinations' consumers."""
+
+from __future__ import annotations
+
+from amqpbroker.core.broker import Broker
+from tests.core.helpers import make_message
+
+
+def test_temporary_queue_is_consumable_only_by_its_creator_but_open_to_senders():
+    broker = Broker()
+    creator, other = object(), object()
+    broker.declare_temporary("amqpbroker.temp-queue.1", creator)
+    assert broker.may_consume("amqpbroker.temp-queue.1", creator)
+    assert not broker.may_consume("amqpbroker.temp-queue.1", other)
+    # Sending (request/reply) needs no ownership: the queue is an ordinary target.
+    target = broker.resolve("amqpbroker.temp-queue.1")
+    assert [q.name for q in broker.publish(make_message("reply"), target)] == ["amqpbroker.temp-queue.1"]
+
+
+def test_temporary_topic_is_a_fanout_exchange_consumable_only_by_its_creator():
+    broker = Broker()
+    creator, other = object(), object()
+    broker.declare_temporary("amqpbroker.temp-topic.1", creator, topic=True)
+    assert broker.exchanges["amqpbroker.temp-topic.1"].type.value == "fanout"
+    assert broker.may_consume("amqpbroker.temp-topic.1", creator)
+    assert not broker.may_consume("amqpbroker.temp-topic.1", other)
+
+
+def test_ordinary_nodes_are_open_to_every_consumer():
+    broker = Broker()
+    broker.declare_queue("orders")
+    assert broker.may_consume("orders", object()) and broker.may_consume("amq.topic", object())
+
+
+def test_ownership_goes_with_the_node():
+    broker = Broker()
+    creator = object()
+    broker.declare_temporary("amqpbroker.temp-queue.2", creator)
+    broker.declare_temporary("amqpbroker.temp-topic.2", creator, topic=True)
+    broker.delete_queue("amqpbroker.temp-queue.2")
+    broker.delete_exchange("amqpbroker.temp-topic.2")
+    assert broker.temporaries == {}
+    # A node declared again under the name later is an ordinary one.
+    broker.declare_queue("amqpbroker.temp-queue.2")
+    assert broker.may_consume("amqpbroker.temp-queue.2", object())
