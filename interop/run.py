@@ -33,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 ALL_CLIENTS = ["rhea", "python", "cpp"]
 SCENARIOS = ["queue", "topic", "shared-global", "shared-clientid", "unsubscribe", "selector", "large", "drain",
-             "types", "transaction"]
+             "consumer-close", "types", "transaction"]
 LISTEN_RE = re.compile(r"amqp listening on ([\d.]+|\[[0-9a-f:]+\]|[\w.-]+):(\d+)")
 
 QUEUE_COUNT = 1000
@@ -304,6 +304,9 @@ class Runner:
 
     def s_drain(self, c: Client) -> Cell:
         return self.single(c, "drain", "--address", self.uid("drain", c.name))
+
+    def s_consumer_close(self, c: Client) -> Cell:
+        return self.single(c, "consumer-close", "--address", self.uid("cclose", c.name))
 
     def s_transaction(self, c: Client) -> Cell:
         if not c.transactions:

@@ -897,6 +897,67 @@ class Drain : public Scenario {
     std::string progress() override { return "phase " + phase + ", received " + std::to_string(got.size()); }
 };
 
+// --------------------------------------------------------------------- consumer close
+
+// Receive one and close, five times (JmsTemplate.receive()): each round opens a receiver
+// with a prefetch of 10 on a queue of 5 messages, accepts the first message and closes
+// the receiver with the rest unsettled.  A normal close is not a failed delivery
+// attempt: every round must get the next message with delivery-count 0.
+class ConsumerClose : public Scenario {
+  public:
+    using Scenario::Scenario;
+    static const int ROUNDS = 5;
+    std::string phase = "send";
+    int sent = 0, accepted = 0;
+    bool taken = false;
+    proton::receiver rcv;
+    std::vector<std::pair<std::string, uint32_t>> got;
+    void begin() override { conn.open_sender(args.address); }
+    void on_sendable(proton::sender& s) override {
+        while (phase == "send" && s.credit() > 0 && sent < ROUNDS) {
+            proton::message m;
+            m.body("c" + std::to_string(sent++));
+            s.send(m);
+        }
+    }
+    void on_tracker_accept(proton::tracker&) override {
+        if (phase == "send" && ++accepted == ROUNDS) {
+            phase = "rounds";
+            open_round();
+        }
+    }
+    void open_round() {
+        taken = false;
+        rcv = conn.open_receiver(args.address, proton::receiver_options().credit_window(10).auto_accept(false));
+    }
+    void on_message(proton::delivery& d, proton::message& m) override {
+        if (!(d.receiver() == rcv) || taken) return;   // the prefetched rest stays unsettled
+        taken = true;
+        got.emplace_back(proton::get<std::string>(m.body()), m.delivery_count());
+        d.accept();
+        d.receiver().close();
+    }
+    void on_receiver_close(proton::receiver& r) override {
+        if (!(r == rcv) || phase != "rounds") return;
+        if ((int)got.size() < ROUNDS) return open_round();
+        Json rounds = Json::array();
+        for (int i = 0; i < ROUNDS; i++) {
+            if (got[i].first != "c" + std::to_string(i) || got[i].second != 0) {
+                return fail("round " + std::to_string(i) + " got " + got[i].first + " with delivery-count " +
+                            std::to_string(got[i].second) + ", expected c" + std::to_string(i) + " with 0");
+            }
+            Json pair = Json::array();
+            pair.push(Json::string(got[i].first));
+            pair.push(Json::number(got[i].second));
+            rounds.push(pair);
+        }
+        Json details = Json::object();
+        details.set("rounds", rounds);
+        done(details);
+    }
+    std::string progress() override { return "phase " + phase + ", rounds " + std::to_string(got.size()); }
+};
+
 // --------------------------------------------------------------------- types
 
 class TypesSender : public Scenario {
@@ -988,6 +1049,7 @@ static Scenario* make(const Args& a) {
     if (k == "selector/run") return new Selector(a);
     if (k == "large/run") return new Large(a);
     if (k == "drain/run") return new Drain(a);
+    if (k == "consumer-close/run") return new ConsumerClose(a);
     if (k == "types/sender") return new TypesSender(a);
     if (k == "types/receiver") return new TypesReceiver(a);
     return nullptr;

@@ -616,6 +616,54 @@ class Drain extends Scenario {
     progress() { return `phase ${this.phase}, received ${JSON.stringify(this.got)}`; }
 }
 
+// Receive one and close, five times (JmsTemplate.receive()): each round opens a receiver
+// with a prefetch of 10 on a queue of 5 messages, accepts the first message and closes
+// the receiver with the rest unsettled.  A normal close is not a failed delivery
+// attempt: every round must get the next message with delivery-count 0.
+class ConsumerClose extends Scenario {
+    begin() {
+        this.ROUNDS = 5;
+        this.phase = 'send';
+        this.sent = this.accepted = 0;
+        this.got = [];
+        this.conn.open_sender(this.args.address);
+        this.container.on('sendable', (ctx) => {
+            while (this.phase === 'send' && ctx.sender.sendable() && this.sent < this.ROUNDS) {
+                ctx.sender.send({body: `c${this.sent++}`});
+            }
+        });
+        this.container.on('accepted', () => {
+            if (this.phase === 'send' && ++this.accepted === this.ROUNDS) {
+                this.phase = 'rounds';
+                this.openRound();
+            }
+        });
+        this.container.on('message', (ctx) => {
+            if (ctx.receiver !== this.receiver || this.taken) return;   // the prefetched rest stays unsettled
+            this.taken = true;
+            this.got.push([ctx.message.body, ctx.message.delivery_count || 0]);
+            ctx.delivery.accept();
+            ctx.receiver.close();
+        });
+        this.container.on('receiver_close', (ctx) => {
+            if (ctx.receiver !== this.receiver || this.phase !== 'rounds') return;
+            if (this.got.length < this.ROUNDS) return this.openRound();
+            const expected = [...Array(this.ROUNDS).keys()].map((i) => [`c${i}`, 0]);
+            if (JSON.stringify(this.got) !== JSON.stringify(expected)) {
+                return this.fail(`rounds got ${JSON.stringify(this.got)}, expected ${JSON.stringify(expected)}`);
+            }
+            this.done({rounds: this.got});
+        });
+    }
+
+    openRound() {
+        this.taken = false;
+        this.receiver = this.conn.open_receiver({source: this.args.address, credit_window: 10, autoaccept: false});
+    }
+
+    progress() { return `phase ${this.phase}, rounds ${JSON.stringify(this.got)}`; }
+}
+
 class TypesSender extends Scenario {
     begin() {
         const {props, body} = loadExpected(this.args['types-file'], this.args.excluded);
@@ -655,6 +703,7 @@ const ROLES = {
     'selector/run': Selector,
     'large/run': Large,
     'drain/run': Drain,
+    'consumer-close/run': ConsumerClose,
     'types/sender': TypesSender, 'types/receiver': TypesReceiver,
 };
 

@@ -23,7 +23,7 @@ from typing import Any
 from proton import (Array, Data, Described, Endpoint, Message, Terminus, UNDESCRIBED, byte, char,
                     decimal32, decimal64, decimal128, float32, int32, short, symbol, timestamp, ubyte,
                     uint, ulong, ushort)
-from proton.handlers import MessagingHandler
+from proton.handlers import IncomingMessageHandler, MessagingHandler
 from proton.reactor import Container, LinkOption
 
 CLIENT = "python"
@@ -737,6 +737,69 @@ class Drain(Scenario):
         return f"phase {self.phase}, received {self.got}"
 
 
+# --------------------------------------------------------------------- consumer close
+
+class ConsumerClose(Scenario):
+    """Receive one and close, five times (JmsTemplate.receive()): each round opens a
+    receiver with a prefetch of 10 on a queue of 5 messages, accepts the first message
+    and closes the receiver with the rest unsettled.  A normal close is not a failed
+    delivery attempt: every round must get the next message with delivery-count 0."""
+
+    ROUNDS = 5
+
+    def __init__(self, args: argparse.Namespace):
+        super().__init__(args)
+        for handler in self.handlers:   # settle by hand: the prefetched rest stays unsettled
+            if isinstance(handler, IncomingMessageHandler):
+                handler.auto_accept = False
+
+    def begin(self, event: Any) -> None:
+        self.phase = "send"
+        self.sent = self.accepted = 0
+        self.got: list[list] = []
+        self.receiver = None
+        event.container.create_sender(self.conn, self.args.address)
+
+    def on_sendable(self, event: Any) -> None:
+        while self.phase == "send" and event.sender.credit and self.sent < self.ROUNDS:
+            event.sender.send(Message(body=f"c{self.sent}"))
+            self.sent += 1
+
+    def on_accepted(self, event: Any) -> None:
+        if event.link.is_sender and self.phase == "send":
+            self.accepted += 1
+            if self.accepted == self.ROUNDS:
+                self.phase = "rounds"
+                self._open_round()
+
+    def _open_round(self) -> None:
+        self.taken = False
+        self.receiver = self.container.create_receiver(self.conn, self.args.address,
+                                                       name=f"cc-{uuid.uuid4().hex[:8]}")
+        self.receiver.flow(10)
+
+    def on_message(self, event: Any) -> None:
+        if event.link.name != self.receiver.name or self.taken:
+            return   # the prefetched rest: left unsettled, the close gives them back
+        self.taken = True
+        self.got.append([event.message.body, event.message.delivery_count])
+        self.accept(event.delivery)
+        event.link.close()
+
+    def on_link_closed(self, event: Any) -> None:
+        if event.link.name != self.receiver.name or self.phase != "rounds":
+            return
+        if len(self.got) < self.ROUNDS:
+            return self._open_round()
+        expected = [[f"c{i}", 0] for i in range(self.ROUNDS)]
+        if self.got != expected:
+            return self.fail(f"rounds got {self.got}, expected {expected}")
+        self.done(rounds=self.got)
+
+    def progress(self) -> str:
+        return f"phase {self.phase}, rounds {self.got}"
+
+
 # --------------------------------------------------------------------- types
 
 class TypesSender(Scenario):
@@ -855,6 +918,7 @@ ROLES = {
     ("selector", "run"): Selector,
     ("large", "run"): Large,
     ("drain", "run"): Drain,
+    ("consumer-close", "run"): ConsumerClose,
     ("types", "sender"): TypesSender, ("types", "receiver"): TypesReceiver,
     ("transaction", "run"): Transaction,
 }
