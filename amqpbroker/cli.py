@@ -30,6 +30,8 @@ def _parser() -> argparse.ArgumentParser:
     hp.add_argument("password", nargs="?", help="the password (prompted for when omitted)")
     sub.add_parser("admin", help="manage a running broker over its management API "
                                  "(see `amqpbroker admin --help`)", add_help=False)
+    sub.add_parser("store", help="check, back up or restore a store "
+                                 "(see `amqpbroker store --help`)", add_help=False)
     return p
 
 
@@ -38,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["admin"]:
         from .management.cli import main as admin_main
         return admin_main(argv[1:])
+    if argv[:1] == ["store"]:
+        from .store.tool import main as store_main
+        return store_main(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "hash-password":
         from .security.users import hash_password
@@ -78,6 +83,8 @@ def tune_gc() -> None:
 
 
 async def _run(settings: Settings, loop: asyncio.AbstractEventLoop) -> int:
+    import lmdb
+
     from .server.app import BrokerServer, install_signal_handlers
     from .store.base import StoreError
 
@@ -86,6 +93,9 @@ async def _run(settings: Settings, loop: asyncio.AbstractEventLoop) -> int:
         await server.start()
     except (ValueError, OSError, StoreError) as exc:
         log.error("cannot start: %s", exc)
+        return 2
+    except lmdb.Error as exc:   # the store checks and recovery turn these into StoreError: a last net
+        log.error("cannot start: store at %s: %s: %s", settings.data_dir / "store", type(exc).__name__, exc)
         return 2
     tune_gc()
     stopped = asyncio.Event()

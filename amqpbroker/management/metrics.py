@@ -111,6 +111,17 @@ class BrokerCollector:
                        getattr(store, "commits", 0))
         yield _gauge("amqpbroker_store_last_batch_operations", "Operations in the last commit",
                      getattr(store, "last_batch_ops", 0))
+        degraded = getattr(store, "degraded", None)
+        yield _gauge("amqpbroker_store_degraded",
+                     "1 while durable messages are refused after a store fault (the log line says why)",
+                     1 if degraded else 0)
+        yield _counter("amqpbroker_store_failed_batches",
+                       "Store batches whose writes failed (their producers were told rejected)",
+                       getattr(store, "failed_batches", 0))
+        yield _gauge("amqpbroker_store_pending_batches", "Batches handed to the writer, not yet committed",
+                     getattr(store, "pending_batches", 0))
+        yield _gauge("amqpbroker_store_outbox_bytes", "Encoded batches waiting for the writer's pipe",
+                     getattr(store, "outbox_bytes", 0))
         stats = getattr(store, "commit_stats", None)
         if stats is None:
             return

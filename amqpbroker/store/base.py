@@ -23,6 +23,12 @@ class StoreFull(StoreError):
     """The map reached its configured maximum or the disk is full."""
 
 
+class StoreFault(StoreError):
+    """A fault on the way to the disk (out of memory, a pipe or I/O error, a writer
+    process that keeps failing): what was being stored was not.  Transient: the
+    store resumes once it clears (LmdbStore.degraded)."""
+
+
 @dataclass
 class QueueRecord:
     name: str

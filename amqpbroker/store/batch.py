@@ -39,7 +39,7 @@ def encode_entry(r: Any) -> bytes:
 
 class Batch:
     __slots__ = ("entry_new", "entry_puts", "entry_dels", "msg_puts", "msg_dels", "meta",
-                 "last_seq", "max_msg_id", "callbacks", "waiters", "ops", "new_keys")
+                 "last_seq", "max_msg_id", "callbacks", "error", "ops", "new_keys")
 
     def __init__(self) -> None:
         self.entry_new: dict[bytes, Any] = {}     # key → live entry (encoded by seal())
@@ -51,7 +51,7 @@ class Batch:
         self.last_seq: dict[int, int] = {}        # queue id → highest sequence written
         self.max_msg_id = 0
         self.callbacks: list[Callable] = []       # run on the loop thread after the commit
-        self.waiters: list[Callable] = []         # run on the writer thread (flush())
+        self.error: BaseException | None = None   # set by fail(): what the callbacks are told
         self.ops = 0
         self.new_keys: list[bytes] = []           # the new entries (sealed): lost if the commit fails
 
@@ -104,6 +104,41 @@ class Batch:
             self.new_keys = list(self.entry_new)
             self.entry_new = {}
         return self
+
+    # ---- failing (loop thread)
+
+    def fail(self, error: BaseException) -> None:
+        """This batch cannot be stored as it is (hand-over or pipe failure, or its
+        writer is gone): its callbacks will be told `error`, and what it still has to
+        write shrinks to what keeps the store consistent with a broker that goes on.
+        Its new entries and messages become deletes (a writer that died may have
+        committed them before it could say so; their producers are told Rejected, so
+        they must not come back); removals, updates of entries stored earlier and
+        entity records stay (the broker has already applied those in memory)."""
+        new = list(dict.fromkeys([*self.entry_new, *self.new_keys]))
+        self.new_keys = new
+        self.entry_new = {}
+        puts, dels = self.entry_puts, self.entry_dels
+        for key in new:
+            puts.pop(key, None)
+            dels.add(key)
+        self.msg_dels.update(self.msg_puts)
+        self.msg_puts = {}
+        self.error = error
+
+    def abandon(self, error: BaseException) -> None:
+        """fail() when even that cannot allocate: write nothing at all (removals of
+        this batch are lost: those messages come back after a restart, as
+        duplicates, never as losses).  Allocates nothing."""
+        self.entry_new.clear()
+        self.entry_puts.clear()
+        self.entry_dels.clear()
+        self.msg_puts.clear()
+        self.msg_dels.clear()
+        self.meta.clear()
+        self.last_seq.clear()
+        self.max_msg_id = 0
+        self.error = error
 
     # ---- applying (writer thread)
 

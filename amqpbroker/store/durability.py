@@ -11,8 +11,11 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import struct
 import time
 from typing import Any
+
+import lmdb
 
 from ..core.broker import Broker
 from ..core.exchanges import Binding
@@ -21,7 +24,8 @@ from ..core.queues import Entry, ExclusivityPolicy, LifetimePolicy, Queue
 from ..core.registry import SubscriptionRegistry
 from ..core.subscriptions import BindingSpec, Subscription, SubscriptionKey
 from ..core.terms import Durability, ExpiryPolicy, Filter, SourceTerms
-from .base import EntryRecord, QueueRecord, Snapshot, Store
+from .base import EntryRecord, QueueRecord, Snapshot, Store, StoreError
+from .integrity import RECOVERY_HINT, StoreDamaged
 
 log = logging.getLogger("amqpbroker.store")
 
@@ -51,7 +55,7 @@ class DurabilityManager:
         self.store.on_lost_entries = self._entries_lost
 
     def _entries_lost(self, lost: list[tuple[int, int]]) -> None:
-        """A commit failed (store full): its new entries are not on disk and their
+        """A commit failed (store full, a store fault): its new entries are not on disk and their
         producers are about to be told Rejected, so they leave the queues rather than
         be delivered.  (One already handed to a consumer stays with it.)"""
         by_queue: dict[int, set[int]] = {}
@@ -61,7 +65,7 @@ class DurabilityManager:
             seqs = by_queue.get(queue.store_id) if queue.store_id is not None else None
             if seqs:
                 n = queue.discard(seqs)
-                log.warning("queue %s: %d message(s) not stored (store full) removed", queue.name, n)
+                log.warning("queue %s: %d message(s) the store did not take removed", queue.name, n)
 
     def _queue_declared(self, queue: Queue) -> None:
         if not queue.durable:
@@ -210,6 +214,22 @@ class DurabilityManager:
     # ------------------------------------------------------------------ recovery
 
     def recover(self, snap: Snapshot, filter_factory: Any) -> None:
+        """Rebuild the model from the store.  A record that cannot be read back (a
+        damaged page LMDB notices, a record that does not decode) stops the start-up
+        with StoreDamaged, one line naming the store, never a traceback."""
+        try:
+            self._recover(snap, filter_factory)
+        except StoreError:
+            raise
+        except Exception as exc:
+            if not _unreadable(exc):
+                raise
+            path = getattr(self.store, "path", None)
+            hint = RECOVERY_HINT.replace("DIR", str(path.parent) if path is not None else "DIR")
+            raise StoreDamaged(f"store at {path} cannot be read back: {type(exc).__name__}: {exc}; "
+                               f"{hint}") from None
+
+    def _recover(self, snap: Snapshot, filter_factory: Any) -> None:
         started = time.monotonic()
         b = self.broker
         for ex in snap.exchanges:
@@ -333,6 +353,11 @@ class DurabilityManager:
         if count:
             queue.restore_paged(cursor, count, size)
             self.recovered_messages += count
+
+
+def _unreadable(exc: BaseException) -> bool:
+    """A failure of reading stored records back (LMDB, a record's decoding), not a bug."""
+    return isinstance(exc, (lmdb.Error, struct.error, ValueError, KeyError, TypeError, IndexError))
 
 
 class _SeenIds:

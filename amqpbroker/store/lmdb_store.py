@@ -1,13 +1,23 @@
-"""LMDB store: one environment under the data dir, a writer thread, group commit.
+"""LMDB store: one environment under the data dir, a writer process, group commit.
 
 The loop thread records writes into this turn's `Batch` without blocking; once per
-loop turn the batch is sealed and handed to the writer thread, which applies
-*everything pending* in one write transaction (LMDB commits are fsync'd: one fsync
-per transaction, not per message) and hands the completion back with
-`call_soon_threadsafe`.  Within a batch, a message or entry that is written and
-removed again (a fast consumer acknowledged it first) is never written at all
-(store/batch.py).  The writer thread runs as little Python as possible: the GIL it
-takes is the loop's.
+loop turn the batch is sealed and handed to the writer process (store/writer.py),
+which applies *everything waiting* in one write transaction (LMDB commits are
+fsync'd: one fsync per transaction, not per message) and writes one result back
+per commit; `_on_results` runs the batches' callbacks in hand-over order.  Within a
+batch, a message or entry that is written and removed again (a fast consumer
+acknowledged it first) is never written at all (store/batch.py).
+
+Start-up (`open`): the store's lock (store/lock.py: one broker per data dir), the
+checks of what is on disk before LMDB maps it (store/integrity.py, store/verify.py),
+then LMDB, the snapshot and the writer process.
+
+Faults on the way to the disk (out of memory, pipe or I/O errors, a commit that
+fails in the writer) never report a batch committed that was not: the batch is
+failed (`Batch.fail`: its callbacks get StoreFault, its new entries leave the
+queues, what it removes still goes to disk), the store turns `degraded` (durable
+messages are refused at the door, one log line) and probes until a new batch goes
+through again.  store/faults.py injects such faults in tests.
 
 Layout (named databases):
   meta           format version, next message id
@@ -18,6 +28,7 @@ Layout (named databases):
   subscriptions  queue name → JSON (subscription + its registry link names)
   messages       msg id (u64) → raw message bytes, written once for every queue
   entries        queue id (u32) + seq (u64) → msg id (u64), delivery-count (u32), delivered (u8)
+  dedup, readers small keyed records of server/sequence.py
 """
 
 from __future__ import annotations
@@ -26,12 +37,10 @@ import fcntl
 import json
 import logging
 import os
-import select
 import struct
 import subprocess
 import sys
 import threading
-import time
 from collections import deque
 from pathlib import Path
 from typing import Any, Callable
@@ -39,95 +48,163 @@ from typing import Any, Callable
 import lmdb
 
 from . import writer as writer_proc
-from .base import FORMAT_VERSION, EntryRecord, QueueRecord, Snapshot, Store, StoreError, StoreFull
-from .batch import ENTRY_KEY, ENTRY_VAL, U32, U64, Batch
-from .maps import release_map
+from .base import FORMAT_VERSION, QueueRecord, Snapshot, Store, StoreError
+from .batch import U32, U64, Batch
+from .channel import RESTART_BACKOFF, WriterChannel
+from .faults import Faults
+from .integrity import MARKER, RECOVERY_HINT, StoreDamaged, preflight, write_marker
+from .lock import StoreLock
+from .outbox import Outbox
+from .reads import LmdbReads
 from .stats import CommitStats
+from .verify import verify_in_child
 
 log = logging.getLogger("amqpbroker.store")
 
-_SCAN_VAL = struct.Struct(">QIBBI")      # the head of ENTRY_VAL: up to the size
-
-
-MAP_RELEASE_INTERVAL = 2.0   # seconds: the broker unmaps store pages its reads touched this often
-MAX_RESTARTS, RESTART_WINDOW = 3, 60.0   # writers lost in that many seconds before giving up
 PIPE_SIZE = 1 << 20          # batches in flight to the writer (F_SETPIPE_SZ; the default is 64 KiB)
 _F_SETPIPE_SZ = 1031
 
 
-class LmdbStore(Store):
+class LmdbStore(WriterChannel, LmdbReads, Store):
     persistent = True
 
-    def __init__(self, path: Path, *, map_size: int = 64 << 20, max_map_size: int = 64 << 30):
+    def __init__(self, path: Path, *, map_size: int = 64 << 20, max_map_size: int = 64 << 30,
+                 verify: bool = True):
         super().__init__()
         self.path = Path(path)
         self.initial_map_size = map_size
         self.max_map_size = max(max_map_size, map_size)
+        self.verify = verify                    # walk the store (in a child) before opening it
         self.env: lmdb.Environment | None = None
         self.loop: Any = None
+        self._lock = StoreLock(self.path)
+        self._faults = Faults.from_env()        # test-only fault injection: None unless set
         self._local = Batch()                  # loop thread: this turn's writes
         self._handoff_scheduled = False
         self._writer: subprocess.Popen | None = None
-        self._inflight: deque[tuple[int, Batch]] = deque()   # sent, not yet committed
-        self._out = bytearray()                 # frames the writer's pipe did not take yet
+        self._inflight: deque[tuple[int, Batch]] = deque()   # handed over, not committed yet
+        self._unsent: deque[tuple[int, Batch]] = deque()     # of those, not framed yet (a tail)
+        self._waiting: deque[tuple[int, Batch]] = deque()    # callbacks not run yet, in order
+        self._outbox = Outbox(faults=self._faults)           # framed, not in the pipe yet
+        self._writing = False                   # add_writer armed on the pipe
         self._results = bytearray()
-        self._writer_lost = False
         self._restarts: list[float] = []        # when writers were lost (restart budget)
+        self._backoff = RESTART_BACKOFF[0]
+        self._timers: dict[str, Any] = {}       # "retry", "probe", "restart", "idle"
         self._read_lock = threading.Lock()
         self._release_at = 0.0
-        self.full = False
+        # `full` (Store): durable messages are refused, server/handlers.py reads it per
+        # message (a plain attribute: the hot path): the map at its maximum (as the
+        # writer reports it), or the store degraded.
+        self._map_full = False
         self.map_size = 0                       # as the writer last reported it
         # Called on the loop thread with [(queue id, seq)] of new entries a failed
         # commit did not store (before that batch's callbacks run).
         self.on_lost_entries: Callable[[list[tuple[int, int]]], None] | None = None
+        # Health (metrics): why durable messages are refused now (None: they are
+        # not), since when (time.time()), and batches whose callbacks got an error.
+        self.degraded: str | None = None
+        self.degraded_since: float | None = None
+        self.failed_batches = 0
+        self._degraded_at = 0                   # first batch handed over after the fault
+        self._episode_failed = 0
+        self._burst_bytes = 0                   # framed since the last idle trim
+        self._last_handoff = 0.0
         # Statistics (metrics).
         self.commits = 0
         self.last_batch_ops = 0
         self.commit_seconds_total = 0.0
         self.commit_stats = CommitStats()       # latency and batch-size histograms
 
+    @property
+    def pending_batches(self) -> int:
+        """Batches handed over whose commit has not been reported yet (metrics; a
+        measure of how far the writer is behind)."""
+        return len(self._inflight)
+
+    @property
+    def outbox_bytes(self) -> int:
+        """Framed batches waiting for the writer's pipe (bounded by OUTBOX_LIMIT)."""
+        return self._outbox.nbytes
+
     # ------------------------------------------------------------------ lifecycle
 
     def open(self, loop: Any) -> Snapshot:
         self.loop = loop
         self.path.mkdir(parents=True, exist_ok=True)
+        self._lock.acquire()     # before LMDB maps anything: one broker per store
+        try:
+            snapshot = self._open_checked()
+            self._start_writer()
+        except BaseException:
+            if self.env is not None:
+                self.env.close()
+                self.env = None
+            self._lock.release()
+            raise
+        return snapshot
+
+    def _open_checked(self) -> Snapshot:
+        where = f"store at {self.path}"
+        hint = RECOVERY_HINT.replace("DIR", str(self.path.parent))
+        try:
+            found = preflight(self.path)
+        except StoreDamaged as exc:
+            raise StoreDamaged(f"{where} is damaged: {exc}; {hint}") from None
+        if found.exists and self.verify:
+            report = verify_in_child(self.path)
+            if not report.ok:
+                more = len(report.problems) - 1
+                raise StoreDamaged(f"{where} is damaged: {report.problems[0]}"
+                                   f"{f' (and {more} more problem(s))' if more else ''}; {hint}")
         try:
             self.env = lmdb.open(str(self.path), map_size=self.initial_map_size, max_dbs=16,
                                  sync=True, metasync=True, readahead=False, max_readers=256)
         except lmdb.Error as exc:
             raise StoreError(f"cannot open store at {self.path}: {exc}") from exc
-        self._grow_to_fit()
-        d = self._dbs = {name: self.env.open_db(name.encode()) for name in
-                         ("meta", "exchanges", "queues", "seqs", "bindings", "subscriptions",
-                          "messages", "entries", "dedup", "readers")}
-        with self.env.begin(write=True) as txn:
-            version = txn.get(b"format", db=d["meta"])
-            if version is None:
-                txn.put(b"format", str(FORMAT_VERSION).encode(), db=d["meta"])
-            elif version != str(FORMAT_VERSION).encode():
-                raise StoreError(
-                    f"store at {self.path} has format version {version.decode(errors='replace')}; "
-                    f"this broker reads version {FORMAT_VERSION} only")
-        snapshot = self._read_snapshot()
+        try:
+            self._grow_to_fit()
+            d = self._dbs = {name: self.env.open_db(name.encode()) for name in writer_proc.DBS}
+            with self.env.begin(write=True) as txn:
+                version = txn.get(b"format", db=d["meta"])
+                if version is None:
+                    txn.put(b"format", str(FORMAT_VERSION).encode(), db=d["meta"])
+                elif version != str(FORMAT_VERSION).encode():
+                    raise StoreError(
+                        f"store at {self.path} has format version {version.decode(errors='replace')}; "
+                        f"this broker reads version {FORMAT_VERSION} only")
+            snapshot = self._read_snapshot()
+        except lmdb.Error as exc:
+            raise StoreDamaged(f"{where} cannot be read: {type(exc).__name__}: {exc}; {hint}") from None
+        except (ValueError, TypeError, KeyError, struct.error) as exc:   # JSON, records
+            raise StoreDamaged(f"{where} holds a record that cannot be decoded "
+                               f"({type(exc).__name__}: {exc}); {hint}") from None
+        try:
+            write_marker(self.path, self.env.stat()["psize"])
+        except OSError as exc:
+            raise StoreError(f"cannot write {self.path / MARKER}: {exc}") from exc
         self._next_msg_id = snapshot.next_msg_id
-        self._start_writer()
         return snapshot
 
     def _start_writer(self) -> None:
-        """The writer process (store/writer.py) on the same environment."""
+        """The writer process (store/writer.py) on the same environment.  It gets the
+        store lock's descriptor (store/lock.py: the lock lasts until it exited too)."""
         size = self.map_size = self.env.info()["map_size"]
         root = str(Path(__file__).resolve().parents[2])   # where this amqpbroker package lives
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
         self._writer = subprocess.Popen(
             [sys.executable, "-m", "amqpbroker.store.writer", str(self.path), str(size), str(self.max_map_size)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True, env=env)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True, env=env,
+            pass_fds=() if self._lock.fd is None else (self._lock.fd,))
         w, r = self._writer.stdin.fileno(), self._writer.stdout.fileno()
         try:
             fcntl.fcntl(w, _F_SETPIPE_SZ, PIPE_SIZE)
         except OSError:
-            pass   # the default size works, with more waits in _send
+            pass   # the default size works, with more waits for the pipe
         os.set_blocking(w, False)
         os.set_blocking(r, False)
+        self._outbox.clear()
+        self._results = bytearray()
         self.loop.add_reader(r, self._on_results)
 
     def _grow_to_fit(self) -> None:
@@ -160,27 +237,42 @@ class LmdbStore(Store):
         return snap
 
     def close(self) -> None:
-        if self._writer is None:
-            return
-        writer = self._writer
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+        flushed = None
+        clean = True
         try:
-            self._flush_with(writer)
-            self._writer = None
-            self._send_now(writer, writer_proc.frame(("stop",)))
-            writer.stdin.close()
-            writer.wait(30)
-        except (OSError, StoreError, subprocess.TimeoutExpired) as exc:
-            log.error("store writer did not stop cleanly: %s", exc)
-            self._writer = None
-            writer.kill()
-        try:
-            self.loop.remove_reader(writer.stdout.fileno())
-        except (ValueError, OSError, RuntimeError):
-            pass   # the loop is closed already
-        writer.stdout.close()
-        self.env.close()
+            while self._writer is not None and self._writer is not flushed:   # (a lost one is replaced)
+                flushed = self._writer
+                self._flush_with(flushed)
+        except (OSError, MemoryError, StoreError) as exc:
+            log.error("store at %s: what was pending could not be flushed at close: %s", self.path, exc)
+            clean = False
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            try:
+                if not clean:
+                    raise StoreError("not flushed")
+                self._send_all(writer, writer_proc.frame(("stop",)))
+                writer.stdin.close()
+                writer.wait(30)
+            except (OSError, MemoryError, StoreError, subprocess.TimeoutExpired) as exc:
+                log.error("store writer did not stop cleanly: %s", exc)
+                writer.kill()
+                writer.wait()
+            try:
+                self.loop.remove_reader(writer.stdout.fileno())
+            except (ValueError, OSError, RuntimeError):
+                pass   # the loop is closed already
+            writer.stdout.close()
+        if self.env is not None:
+            self.env.close()
+            self.env = None
+        self._lock.release()   # after the writer exited: it held the lock too
 
     # ------------------------------------------------------------------ queued writes
+    # (hand-over, the pipe, results: store/channel.py)
 
     def writes(self) -> Batch:   # Store.writes: the batch itself
         """This turn's batch; the hand-over to the writer is scheduled with its first write."""
@@ -188,176 +280,6 @@ class LmdbStore(Store):
             self._handoff_scheduled = True
             self.loop.call_soon(self._handoff)
         return self._local
-
-    def _handoff(self) -> None:
-        self._handoff_scheduled = False
-        batch = self._local
-        if not batch.ops:
-            return
-        self._local = Batch()
-        number = self.batch
-        self.batch += 1
-        batch.seal()
-        self._inflight.append((number, batch))
-        if self._writer_lost or self._writer is None:
-            self._settle(number, StoreError("the store writer process is gone"))
-            return
-        self._send(writer_proc.frame(("batch", number, writer_proc.batch_fields(batch))))
-
-    def _send(self, data: bytes) -> None:
-        """Queue a frame for the writer's pipe without blocking the loop."""
-        fd = self._writer.stdin.fileno()
-        if not self._out:
-            try:
-                n = os.write(fd, data)
-            except BlockingIOError:
-                n = 0
-            except OSError as exc:
-                self._lost(exc)
-                return
-            if n == len(data):
-                return
-            data = data[n:]
-            self.loop.add_writer(fd, self._drain_out)
-        self._out += data
-
-    def _drain_out(self) -> None:
-        fd = self._writer.stdin.fileno() if self._writer is not None else None
-        try:
-            n = os.write(fd, self._out) if fd is not None else len(self._out)
-        except BlockingIOError:
-            return
-        except OSError as exc:
-            self._lost(exc)   # a new writer gets every uncommitted batch again
-            return
-        del self._out[:n]
-        if not self._out and fd is not None:
-            self.loop.remove_writer(fd)
-
-    def _send_now(self, writer: subprocess.Popen, data: bytes) -> None:
-        """Write everything queued plus `data`, blocking (flush, close)."""
-        fd = writer.stdin.fileno()
-        if self._out:
-            try:
-                self.loop.remove_writer(fd)
-            except (ValueError, OSError, RuntimeError):
-                pass
-        pending = bytes(self._out) + data
-        self._out.clear()
-        view = memoryview(pending)
-        os.set_blocking(fd, True)
-        try:
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.set_blocking(fd, False)
-
-    # ------------------------------------------------------------------ commit results
-
-    def _on_results(self) -> None:
-        """The writer reported commits (loop thread, via add_reader)."""
-        if self._writer is None:
-            return
-        try:
-            chunk = os.read(self._writer.stdout.fileno(), 65536)
-        except BlockingIOError:
-            return
-        except OSError as exc:
-            chunk = b""
-            log.error("store writer result pipe failed: %s", exc)
-        if not chunk:
-            self._lost(EOFError("the store writer process exited"))
-            return
-        self._results += chunk
-        for result in writer_proc.take_frames(self._results):
-            self._apply_result(result)
-
-    def _apply_result(self, result: tuple, defer: bool = False) -> None:
-        number, kind, text, elapsed, ops, full, map_size = result
-        self.commits += 1
-        self.last_batch_ops = ops
-        self.commit_seconds_total += elapsed
-        self.commit_stats.observe(elapsed, ops)
-        self.full = full
-        if map_size > self.map_size:
-            self.map_size = map_size
-            with self._read_lock:   # no read transaction is open outside it
-                self.env.set_mapsize(0)   # adopt the size the writer grew the map to
-        error = None
-        if kind is not None:
-            error = StoreFull(text) if kind == "full" else StoreError(text)
-        self._settle(number, error, defer)
-        now = time.monotonic()
-        if now >= self._release_at:   # pages this process read (page-in) leave its RSS too
-            self._release_at = now + MAP_RELEASE_INTERVAL
-            self.release_map()
-
-    def _settle(self, number: int, error: BaseException | None, defer: bool = False) -> None:
-        """Every batch up to `number` is committed (or failed with `error`).  Deferred
-        (flush): the callbacks run from the loop, as they would have without it."""
-        done: list[Batch] = []
-        inflight = self._inflight
-        while inflight and inflight[0][0] <= number:
-            done.append(inflight.popleft()[1])
-        for b in done:
-            _run_callbacks(b.waiters, error)
-        if defer and not self.loop.is_closed():
-            self.loop.call_soon(self._finish, done, error)
-        else:
-            self._finish(done, error)
-
-    def _finish(self, done: list[Batch], error: BaseException | None) -> None:
-        if error is not None and self.on_lost_entries is not None:
-            # Before the callbacks: the broker drops these entries from its queues
-            # before producers are told their messages were rejected.
-            lost = [ENTRY_KEY.unpack(key) for b in done for key in b.new_keys]
-            if lost:
-                self.on_lost_entries(lost)
-        for b in done:
-            _run_callbacks(b.callbacks, error)
-
-    def _lost(self, exc: BaseException) -> None:
-        """The writer process died (killed, out of memory).  A new one takes over and
-        gets every batch not yet reported committed, in order: their writes are blind
-        puts and deletes, so applying again what the dead one may have committed ends
-        in the same state.  Only when writers keep dying is durability given up:
-        durable messages are refused (resource-limit-exceeded) from then on."""
-        if self._writer_lost or self._writer is None:
-            return
-        old, self._writer = self._writer, None
-        for fd, remove in ((old.stdout.fileno(), self.loop.remove_reader),
-                           (old.stdin.fileno(), self.loop.remove_writer)):
-            try:
-                remove(fd)
-            except (ValueError, OSError, RuntimeError):
-                pass
-        for pipe in (old.stdin, old.stdout):
-            try:
-                pipe.close()
-            except OSError:
-                pass
-        old.kill()
-        old.wait()
-        self._out.clear()
-        self._results.clear()
-        now = time.monotonic()
-        self._restarts = [t for t in self._restarts if now - t < RESTART_WINDOW] + [now]
-        if len(self._restarts) <= MAX_RESTARTS:
-            try:
-                self._start_writer()
-            except OSError as start_error:
-                exc = start_error
-            else:
-                log.error("store writer process lost (%s); a new one replays %d uncommitted batch(es)",
-                          exc, len(self._inflight))
-                for number, batch in self._inflight:
-                    self._send(writer_proc.frame(("batch", number, writer_proc.batch_fields(batch))))
-                return
-        self._writer_lost = True
-        self.full = True
-        log.error("store writer process lost (%s): durable messages are refused from now on", exc)
-        if self._inflight:
-            self._settle(self._inflight[-1][0], StoreError(f"the store writer process is gone: {exc}"))
 
     def new_msg_id(self) -> int:
         mid = self._next_msg_id
@@ -398,134 +320,14 @@ class LmdbStore(Store):
     def _meta(self, action: str, db: str, key: bytes, value: bytes | None) -> None:
         self.writes().put_meta(action, db, key, value)
 
-    def put_entry(self, queue_id: int, record: EntryRecord) -> None:
+    def put_entry(self, queue_id: int, record: Any) -> None:
         self.writes().put_entry(queue_id, record)
 
-    def update_entry(self, queue_id: int, record: EntryRecord) -> None:
+    def update_entry(self, queue_id: int, record: Any) -> None:
         self.writes().update_entry(queue_id, record)
 
     def delete_entry(self, queue_id: int, seq: int) -> None:
         self.writes().delete_entry(queue_id, seq)
-
-    def after_commit(self, callback: Callable[[BaseException | None], None]) -> None:
-        batch = self.writes()
-        batch.ops += 1
-        batch.callbacks.append(callback)
-
-    def flush(self, timeout: float = 30.0) -> None:
-        """Block (loop thread) until everything queued so far is committed."""
-        if self._writer is not None:
-            self._flush_with(self._writer, timeout)
-
-    def _flush_with(self, writer: subprocess.Popen, timeout: float = 30.0) -> None:
-        self._handoff()
-        if not self._inflight or self._writer_lost:
-            return
-        target = self._inflight[-1][0]
-        self._send_now(writer, b"")
-        fd = writer.stdout.fileno()
-        deadline = time.monotonic() + timeout
-        while self._inflight and self._inflight[0][0] <= target:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                raise StoreError("store flush timed out")
-            try:
-                chunk = os.read(fd, 65536)
-            except BlockingIOError:
-                continue
-            if not chunk:
-                self._lost(EOFError("the store writer process exited"))
-                return
-            self._results += chunk
-            for result in writer_proc.take_frames(self._results):
-                self._apply_result(result, defer=True)
-
-    # ------------------------------------------------------------------ reads
-
-    def read_message(self, msg_id: int) -> bytes | None:
-        with self._read_lock, self._begin() as txn:
-            return txn.get(U64.pack(msg_id), db=self._dbs["messages"])
-
-    def read_messages(self, msg_ids: list[int]) -> list[bytes | None]:
-        pack = U64.pack
-        with self._read_lock, self._begin() as txn:
-            get = txn.get
-            db = self._dbs["messages"]
-            return [get(pack(mid), db=db) for mid in msg_ids]
-
-    def read_entries(self, queue_id: int, after_seq: int, limit: int) -> list[EntryRecord]:
-        out: list[EntryRecord] = []
-        prefix = U32.pack(queue_id)
-        with self._read_lock, self._begin() as txn:
-            cur = txn.cursor(db=self._dbs["entries"])
-            if not cur.set_range(ENTRY_KEY.pack(queue_id, after_seq + 1)):
-                return out
-            for key, val in cur:
-                if key[:4] != prefix or len(out) >= limit:
-                    break
-                out.append(_decode_entry(ENTRY_KEY.unpack(key)[1], val))
-        return out
-
-    def scan_entries(self, queue_id: int, after_seq: int, limit: int) -> list[tuple[int, int, int, bool]]:
-        out: list[tuple[int, int, int, bool]] = []
-        prefix = U32.pack(queue_id)
-        key_seq = ENTRY_KEY.unpack
-        head = _SCAN_VAL.unpack_from
-        with self._read_lock, self._begin() as txn:
-            cur = txn.cursor(db=self._dbs["entries"])
-            if not cur.set_range(ENTRY_KEY.pack(queue_id, after_seq + 1)):
-                return out
-            append = out.append
-            for key, val in cur:
-                if key[:4] != prefix or len(out) >= limit:
-                    break
-                msg_id, _, delivered, _, size = head(val)
-                append((key_seq(key)[1], msg_id, size, delivered != 0))
-        return out
-
-    def message_id_range(self) -> tuple[int, int]:
-        with self._read_lock, self._begin() as txn:
-            cur = txn.cursor(db=self._dbs["messages"])
-            lo = U64.unpack(cur.key())[0] if cur.first() else 1
-        return lo, self._next_msg_id - 1
-
-    def _begin(self) -> lmdb.Transaction:
-        """A read transaction; adopts a map the writer process has grown."""
-        try:
-            return self.env.begin()
-        except lmdb.MapResizedError:
-            self.env.set_mapsize(0)
-            return self.env.begin()
-
-    def release_map(self) -> int:
-        """Unmap the pages of the store this process has touched (not the data: the
-        kernel keeps them in its page cache).  Scans, fills and drains touch most of
-        the map, and every touched page counts in the broker's RSS.  The map is
-        shared and read-only (no writemap): MADV_DONTNEED only drops page-table
-        entries, a later read faults the page back in.  Linux only; returns the
-        bytes of map advised (0 elsewhere or on failure)."""
-        if self.env is None:
-            return 0
-        with self._read_lock:
-            return release_map(self.path)
-
-    def count_entries(self, queue_id: int) -> int:
-        n = 0
-        prefix = U32.pack(queue_id)
-        with self._read_lock, self._begin() as txn:
-            cur = txn.cursor(db=self._dbs["entries"])
-            if cur.set_range(prefix):
-                for key in cur.iternext(values=False):
-                    if key[:4] != prefix:
-                        break
-                    n += 1
-        return n
-
-    def read_last_seq(self, queue_id: int) -> int:
-        """The last sequence number committed for a queue (0: none yet)."""
-        with self._read_lock, self._begin() as txn:
-            raw = txn.get(U32.pack(queue_id), db=self._dbs["seqs"])
-        return U64.unpack(raw)[0] if raw else 0
 
     # Small keyed records beside the broker model (duplicate-detection ids, log
     # reader claims: server/sequence.py), written in the same batches as messages.
@@ -535,22 +337,15 @@ class LmdbStore(Store):
     def delete_record(self, db: str, key: bytes) -> None:
         self._meta("del", db, key, None)
 
-    def read_records(self, db: str) -> list[tuple[bytes, bytes]]:
-        with self._read_lock, self._begin() as txn:
-            return [(bytes(k), bytes(v)) for k, v in txn.cursor(db=self._dbs[db])]
+    def after_commit(self, callback: Callable[[BaseException | None], None]) -> None:
+        batch = self.writes()
+        batch.ops += 1
+        batch.callbacks.append(callback)
 
+    def flush(self, timeout: float = 30.0) -> None:
+        """Block (loop thread) until everything queued so far is committed (or failed)."""
+        if self._writer is not None:
+            self._flush_with(self._writer, timeout)
+        else:
+            self._handoff()
 
-def _decode_entry(seq: int, val: bytes) -> EntryRecord:
-    msg_id, count, delivered, priority, size, expires, deliver = ENTRY_VAL.unpack_from(val)
-    group = val[ENTRY_VAL.size:]
-    return EntryRecord(seq, msg_id, count, bool(delivered), priority, size,
-                       None if expires != expires else expires, None if deliver != deliver else deliver,
-                       bytes(group).decode() if group else None)
-
-
-def _run_callbacks(callbacks: list, error: BaseException | None) -> None:
-    for cb in callbacks:
-        try:
-            cb(error)
-        except Exception:  # one bad callback must not starve the others
-            log.exception("store callback failed")

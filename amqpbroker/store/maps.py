@@ -1,4 +1,4 @@
-"""Keeping LMDB's memory map out of RSS (bounded memory, issue "cursors").
+"""Keeping LMDB's memory map, and a burst's freed buffers, out of RSS (bounded memory).
 
 Every store page a process touches (scans, fills, drains) stays mapped and counts
 in its RSS.  `release_map` drops those page-table entries again; the data stays in
@@ -9,7 +9,9 @@ the kernel's page cache and a later read faults a page back in.  Used by the bro
 from __future__ import annotations
 
 import ctypes
+import gc
 import sys
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -52,3 +54,49 @@ def release_map(store_dir: str | Path) -> int:
         if _madvise(start, end - start, _MADV_DONTNEED) == 0:
             done += end - start
     return done
+
+
+def _load_malloc_trim() -> Callable[[int], int] | None:
+    """glibc malloc_trim(3), or None (another libc, or not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_malloc_trim = _load_malloc_trim()
+
+
+def trim_heap() -> bool:
+    """Give the C heap's free memory back to the kernel (malloc_trim(0)).  A burst
+    leaves its batches' buffers freed but still mapped: glibc returns only the top
+    of its heaps by itself, and frees in the middle stay in RSS until reused.  Call
+    it when idle (it walks the heap).  True when memory was released."""
+    if _malloc_trim is None:
+        return False
+    try:
+        return bool(_malloc_trim(0))
+    except OSError:
+        return False
+
+
+def give_back_memory() -> tuple[int, float]:
+    """After a burst, when idle: collect unreachable cycles, then trim the C heap;
+    (objects collected, seconds taken).
+
+    Why a full collection: the broker runs with a young-generation threshold of
+    50,000 and everything from start-up frozen (cli.tune_gc), so once traffic stops
+    no collection runs at all, and garbage in reference cycles stays.  After a
+    durable burst from 8 producers that was 250 MB: the closed connections of the
+    burst (AmqpProtocol, its handler and proton Transport refer to each other)
+    holding proton's buffers.  The collection costs ~0.1 s per million tracked
+    objects, once per burst, on an idle store."""
+    started = time.perf_counter()
+    collected = gc.collect()
+    trim_heap()
+    return collected, time.perf_counter() - started

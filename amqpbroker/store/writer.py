@@ -15,9 +15,13 @@ length and a pickle:
   writer → broker   (number, error kind, error text, seconds, operations, full, map size)
                     one per commit: every batch up to `number` is settled
 
-The writer takes every batch already waiting (one transaction, one fsync: group
-commit), so it never waits for more than it has.  It dies with the broker
-(PR_SET_PDEATHSIG), and exits on end of input.
+The writer takes every batch already waiting, up to GROUP_BYTES of frames (one
+transaction, one fsync: group commit), so it never waits for more than it has and
+never holds more than that at once.  It dies with the broker (PR_SET_PDEATHSIG),
+and exits on end of input, or with one log line when its pipes fail (the broker
+then replays every batch not reported committed to a new writer).  A commit that
+fails is reported ("error", or "full") and what its batches remove is still
+committed.  Idle, it unmaps the store pages it touched and trims its heap.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ from typing import Any
 import lmdb
 
 from .batch import Batch
-from .maps import release_map
+from .faults import Faults
+from .maps import release_map, trim_heap
 
 log = logging.getLogger("amqpbroker.store.writer")
 
@@ -46,6 +51,8 @@ DBS = ("meta", "exchanges", "queues", "seqs", "bindings", "subscriptions", "mess
 MAP_RELEASE_INTERVAL = 2.0   # seconds: unmap touched store pages this often (when busy)
 MAP_RELEASE_IDLE = 0.5       # and this long after the last commit
 FULL_AT = 0.9                # share of the map in use at which the store counts as full
+GROUP_BYTES = 32 << 20       # frames taken into one commit at most (bounds the writer's memory)
+READ_SIZE = 1 << 20
 
 
 def batch_fields(b: Batch) -> tuple:
@@ -66,14 +73,15 @@ def frame(obj: Any) -> bytes:
     return FRAME.pack(len(data)) + data
 
 
-def take_frames(buf: bytearray) -> list[Any]:
-    """The complete frames at the head of `buf` (removed from it)."""
+def take_frames(buf: bytearray, max_bytes: int | None = None) -> list[Any]:
+    """The complete frames at the head of `buf` (removed from it); with `max_bytes`,
+    only as many as fit in it (at least one)."""
     out = []
     off = 0
     n = len(buf)
     while n - off >= 4:
         size = FRAME.unpack_from(buf, off)[0]
-        if n - off - 4 < size:
+        if n - off - 4 < size or (max_bytes is not None and out and off + 4 + size > max_bytes):
             break
         out.append(pickle.loads(memoryview(buf)[off + 4:off + 4 + size]))
         off += 4 + size
@@ -82,10 +90,15 @@ def take_frames(buf: bytearray) -> list[Any]:
     return out
 
 
+def has_frame(buf: bytearray) -> bool:
+    return len(buf) >= 4 and len(buf) - 4 >= FRAME.unpack_from(buf, 0)[0]
+
+
 class Writer:
-    def __init__(self, path: str, map_size: int, max_map_size: int):
+    def __init__(self, path: str, map_size: int, max_map_size: int, faults: Faults | None = None):
         self.path = path
         self.max_map_size = max_map_size
+        self.faults = faults   # store/faults.py (tests only), or None
         self.env = lmdb.open(path, map_size=map_size, max_dbs=16, sync=True, metasync=True,
                              readahead=False, max_readers=256)
         self.dbs = {name: self.env.open_db(name.encode()) for name in DBS}
@@ -97,6 +110,8 @@ class Writer:
         while True:
             try:
                 with self.env.begin(write=True) as txn:
+                    if self.faults is not None:
+                        self.faults.check("commit")
                     for batch in batches:
                         batch.apply(txn, self.dbs)
                 if self.full:
@@ -113,9 +128,11 @@ class Writer:
                 log.info("store map grown to %d bytes", size)
             except lmdb.DiskError as exc:
                 self.full = True
+                self.commit_removals(batches)
                 return "full", f"disk full: {exc}"
-            except Exception as exc:   # reported to the broker: producers are told
-                return "error", str(exc)
+            except Exception as exc:   # MemoryError, I/O: reported, producers are told
+                self.commit_removals(batches)
+                return "error", f"{type(exc).__name__}: {exc}"
 
     def commit_removals(self, batches: list[Batch]) -> None:
         """The batches do not fit: still commit what they remove (acknowledged entries,
@@ -126,8 +143,8 @@ class Writer:
             with self.env.begin(write=True) as txn:
                 for batch in batches:
                     batch.removals_only().apply(txn, self.dbs)
-        except lmdb.Error as exc:
-            log.error("store: the removals of a batch that did not fit failed too: %s", exc)
+        except Exception as exc:
+            log.error("store: the removals of a batch that was not committed failed too: %s", exc)
 
     def usage(self) -> float:
         """Share of the map in use.  Pages of every database, not `last_pgno`: that is
@@ -156,27 +173,34 @@ def serve(writer: Writer, fd_in: int, fd_out: int) -> None:
     touched = False
     stop = False
     while not stop:
-        # Wait for work; unmap what the last commits touched once idle for a moment.
-        ready = select.select([fd_in], [], [], MAP_RELEASE_IDLE if touched else None)[0]
-        if not ready:
-            touched = False
-            release_map(writer.path)
-            continue
+        if not has_frame(buf):
+            # Wait for work; once idle for a moment, unmap what the last commits
+            # touched and give the heap's free memory back.
+            ready = select.select([fd_in], [], [], MAP_RELEASE_IDLE if touched else None)[0]
+            if not ready:
+                touched = False
+                release_map(writer.path)
+                trim_heap()
+                continue
         batches: list[Batch] = []
         last = None
-        while ready:   # everything already waiting: one commit
-            chunk = os.read(fd_in, 1 << 20)
-            if not chunk:
-                stop = True
-                break
-            buf += chunk
-            for msg in take_frames(buf):
+        taken = 0
+        while True:   # everything already waiting, up to GROUP_BYTES: one commit
+            size = len(buf)
+            for msg in take_frames(buf, GROUP_BYTES - taken):
                 if msg[0] == "stop":
                     stop = True
                 else:
                     last = msg[1]
                     batches.append(batch_from_fields(msg[2]))
-            ready = select.select([fd_in], [], [], 0)[0]
+            taken += size - len(buf)
+            if stop or taken >= GROUP_BYTES or not select.select([fd_in], [], [], 0)[0]:
+                break
+            chunk = os.read(fd_in, READ_SIZE)
+            if not chunk:
+                stop = True
+                break
+            buf += chunk
         if last is None:
             continue
         started = time.perf_counter()
@@ -186,6 +210,9 @@ def serve(writer: Writer, fd_in: int, fd_out: int) -> None:
             log.error("store commit of %d batch(es) failed: %s", len(batches), text)
         result = (last, kind, text, elapsed, sum(b.ops for b in batches), writer.full,
                   writer.env.info()["map_size"])
+        del batches
+        if writer.faults is not None:
+            writer.faults.check("result-write")
         os.write(fd_out, frame(result))   # small: a pipe takes it whole
         touched = True
         if started >= release_at:
@@ -204,7 +231,12 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     fd_in, fd_out = sys.stdin.fileno(), sys.stdout.fileno()
     sys.stdout = sys.stderr   # nothing but frames on the result pipe
-    serve(Writer(path, int(map_size), int(max_map_size)), fd_in, fd_out)
+    try:
+        serve(Writer(path, int(map_size), int(max_map_size), Faults.from_env()), fd_in, fd_out)
+    except Exception as exc:   # MemoryError, a pipe error, a torn frame: one line, not a traceback
+        log.error("store writer process for %s exits: %s: %s (the broker replays what it did not "
+                  "report committed)", path, type(exc).__name__, exc)
+        return 1
     return 0
 
 

@@ -7,7 +7,7 @@ from amqpbroker.core.message import Message
 from amqpbroker.core.queues import Entry
 from amqpbroker.store.base import EntryRecord
 from amqpbroker.store.batch import ENTRY_KEY, U64, Batch, encode_entry
-from amqpbroker.store.lmdb_store import _decode_entry
+from amqpbroker.store.reads import _decode_entry
 
 
 def key(qid: int, seq: int) -> bytes:
@@ -82,3 +82,31 @@ def test_removals_only_keeps_what_frees_space():
     assert r.msg_puts == {} and r.msg_dels == {U64.pack(9)}
     assert set(r.entry_puts) == {key(1, 7)} and r.entry_dels == {key(2, 4)}
     assert r.meta == [("del", "bindings", b"x", None)]
+
+
+def test_a_failed_batch_turns_what_it_adds_into_deletes_and_keeps_the_rest():
+    """Failed before or after sealing: its new entries and messages become deletes
+    (a writer that died may have committed them unreported) and are the lost keys;
+    removals, updates of stored entries and entity records stay."""
+    for sealed in (False, True):
+        b = Batch()
+        b.put_message(1, b"new")
+        b.put_entry(1, EntryRecord(1, 1, 0))
+        b.update_entry(1, EntryRecord(7, 3, 1, True))
+        b.delete_entry(2, 4)
+        b.drop_message(9)
+        b.put_meta("put", "queues", b"q", b"{}")
+        b.callbacks.append(print)
+        if sealed:
+            b.seal()
+        error = RuntimeError("no")
+        b.fail(error)
+        assert b.error is error and b.callbacks == [print]
+        assert b.new_keys == [key(1, 1)]
+        assert b.entry_new == {} and set(b.entry_puts) == {key(1, 7)}
+        assert b.entry_dels == {key(2, 4), key(1, 1)}
+        assert b.msg_puts == {} and b.msg_dels == {U64.pack(9), U64.pack(1)}
+        assert b.meta == [("put", "queues", b"q", b"{}")]
+        assert b.last_seq == {1: 1}, "the sequence high-water mark still goes: sequences never go back"
+    b.abandon(error)
+    assert not (b.entry_puts or b.entry_dels or b.msg_dels or b.meta) and b.error is error

@@ -1,7 +1,7 @@
 """LmdbStore against a real LMDB environment (tmp_path) and a real asyncio loop.
 
 No mocks: operations are queued on the loop thread as the broker does, the writer
-thread commits them, and the tests look at what a reader (or a reopened store) sees.
+process commits them, and the tests look at what a reader (or a reopened store) sees.
 """
 
 from __future__ import annotations
@@ -12,68 +12,11 @@ import threading
 import lmdb
 import pytest
 
-from amqpbroker.store.base import FORMAT_VERSION, EntryRecord, QueueRecord, StoreError, StoreFull
+from amqpbroker.store.base import FORMAT_VERSION, EntryRecord, StoreError, StoreFull
 from amqpbroker.store.lmdb_store import LmdbStore
+from tests.store.helpers import close, commit, entry, put, queue_record, reopen
 
 MiB = 1 << 20
-
-
-@pytest.fixture
-def loop():
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
-
-
-@pytest.fixture
-def opened(tmp_path, loop):
-    """open(path=..., **kw) → an open LmdbStore; all closed after the test."""
-    stores: list[LmdbStore] = []
-
-    def open_store(path=None, **kw):
-        store = LmdbStore(path or tmp_path / "store", **kw)
-        store.open(loop)
-        stores.append(store)
-        return store
-
-    yield open_store
-    for store in stores:
-        close(loop, store)
-
-
-def close(loop, store: LmdbStore) -> None:
-    if store._writer is not None:
-        store.close()
-
-
-def commit(loop, store: LmdbStore, timeout: float = 20.0):
-    """Queue an after_commit callback and run the loop until it fires; its error."""
-    fut = loop.create_future()
-    store.after_commit(lambda err: fut.set_result(err))
-    return loop.run_until_complete(asyncio.wait_for(fut, timeout))
-
-
-def reopen(loop, store: LmdbStore, **kw) -> tuple[LmdbStore, object]:
-    close(loop, store)
-    again = LmdbStore(store.path, map_size=kw.pop("map_size", store.initial_map_size),
-                      max_map_size=kw.pop("max_map_size", store.max_map_size))
-    snap = again.open(loop)
-    return again, snap
-
-
-def entry(seq: int, msg_id: int, **kw) -> EntryRecord:
-    return EntryRecord(seq, msg_id, kw.pop("delivery_count", 0), **kw)
-
-
-def put(store: LmdbStore, queue_id: int, seq: int, raw: bytes) -> int:
-    mid = store.new_msg_id()
-    store.put_message(mid, raw)
-    store.put_entry(queue_id, entry(seq, mid, size=len(raw)))
-    return mid
-
-
-def queue_record(name: str, queue_id: int) -> QueueRecord:
-    return QueueRecord(name, queue_id, "none", "permanent", None)
 
 
 # ---------------------------------------------------------------------- group commit

@@ -74,7 +74,7 @@ def rig(tmp_path, loop):
 
     yield make
     for r in rigs:
-        if r.store._writer is not None:
+        if r.store.env is not None:
             r.store.close()
 
 
