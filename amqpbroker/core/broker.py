@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable
 
 from .addresses import AddressKind, AddressNotFound, Resolution, resolve
 from .exchanges import Binding, BindingFilter, Exchange, ExchangeType
-from .message import JMS_DEST, Message
+from .message import JMS_DEST, MalformedMessage, Message
 from .queues import Entry, ExclusivityPolicy, LifetimePolicy, Queue
 
 log = logging.getLogger("amqpbroker.broker")
@@ -243,10 +243,14 @@ class Broker:
             log.info("queue %s: dropped message seq=%d (%s; no dead-letter address)",
                      queue_name, entry.seq, reason)
             return
-        copy = Message(entry.payload(), publisher=entry.msg.publisher)
         try:
+            copy = Message(entry.payload(), publisher=entry.msg.publisher)
             target = self.resolve(address)
             queues = self.publish(copy, target)
+        except MalformedMessage as exc:   # stored before the edge checked it: nothing to route
+            log.warning("queue %s: message seq=%d cannot be dead-lettered (%s); dropped",
+                        queue_name, entry.seq, exc)
+            return
         except AddressNotFound as exc:
             log.warning("queue %s: dead-letter address %s unusable (%s); message dropped",
                         queue_name, address, exc.why)

@@ -41,6 +41,13 @@ class DecodeError(ValueError):
     """The bytes are not valid AMQP encoded data."""
 
 
+# Nesting of lists, maps, arrays and described values a decode goes through at most:
+# deeper data is refused (DecodeError) instead of exhausting Python's stack.  No AMQP
+# message or performative a client sends comes near it.
+MAX_DEPTH = 64
+_depth = 0   # current nesting (decoding runs on one thread at a time: the event loop)
+
+
 _u8 = struct.Struct(">B").unpack_from
 _u16 = struct.Struct(">H").unpack_from
 _u32 = struct.Struct(">I").unpack_from
@@ -61,35 +68,53 @@ _FIXED = {0x4: 0, 0x5: 1, 0x6: 2, 0x7: 4, 0x8: 8, 0x9: 16}
 
 
 def skip(buf: bytes, off: int) -> int:
-    """Offset just past the encoded value starting at `off`."""
+    """Offset just past the encoded value starting at `off` (iterative: a chain of
+    described values cannot exhaust the stack)."""
+    values = 1   # values still to step over: a described one is a descriptor and a value
     try:
-        code = buf[off]
-        off += 1
-        if code == 0x00:  # described: descriptor then value
-            return skip(buf, skip(buf, off))
-        sub = code >> 4
-        width = _FIXED.get(sub)
-        if width is not None:
-            return off + width
-        if sub in (0xA, 0xC, 0xE):
-            return off + 1 + buf[off]
-        if sub in (0xB, 0xD, 0xF):
-            return off + 4 + _u32(buf, off)[0]
+        while values:
+            code = buf[off]
+            off += 1
+            if code == 0x00:
+                values += 1
+                continue
+            sub = code >> 4
+            width = _FIXED.get(sub)
+            if width is not None:
+                off += width
+            elif sub in (0xA, 0xC, 0xE):
+                off += 1 + buf[off]
+            elif sub in (0xB, 0xD, 0xF):
+                off += 4 + _u32(buf, off)[0]
+            else:
+                raise DecodeError(f"invalid constructor 0x{code:02x} at offset {off - 1}")
+            values -= 1
     except (IndexError, struct.error) as exc:
         raise DecodeError(f"truncated value at offset {off}") from exc
-    raise DecodeError(f"invalid constructor 0x{code:02x} at offset {off - 1}")
+    if off > len(buf):
+        raise DecodeError(f"truncated value at offset {off}")
+    return off
 
 
 def decode(buf: bytes, off: int = 0) -> tuple[Any, int]:
-    """Decode one value at `off`; return it and the offset just past it."""
+    """Decode one value at `off`; return it and the offset just past it.  Whatever is
+    wrong with the bytes (truncation, invalid UTF-8, a symbol that is not ASCII, a
+    char beyond U+10FFFF, nesting deeper than MAX_DEPTH, counts the bytes cannot
+    hold) is a DecodeError: nothing else escapes."""
     try:
         code = buf[off]
         reader = _READERS.get(code)
         if reader is None:
             raise DecodeError(f"invalid constructor 0x{code:02x} at offset {off}")
         return reader(buf, off + 1)
+    except DecodeError:
+        raise
     except (IndexError, struct.error) as exc:
         raise DecodeError(f"truncated value at offset {off}") from exc
+    except UnicodeDecodeError as exc:
+        raise DecodeError(f"invalid {exc.encoding} text at offset {off}") from exc
+    except (ValueError, OverflowError) as exc:
+        raise DecodeError(f"invalid value at offset {off}: {exc}") from exc
 
 
 def _const(value: Any) -> Callable[[bytes, int], tuple[Any, int]]:
@@ -138,9 +163,27 @@ def _sized_head(buf: bytes, off: int, wide: bool) -> tuple[int, int, int]:
     return count, off + 2, off + 1 + size
 
 
+def _nested(read: Callable[[bytes, int], tuple[Any, int]]) -> Callable[[bytes, int], tuple[Any, int]]:
+    """Count a compound reader's nesting: deeper than MAX_DEPTH is a DecodeError."""
+    def nested(buf: bytes, off: int) -> tuple[Any, int]:
+        global _depth
+        if _depth >= MAX_DEPTH:
+            raise DecodeError(f"values nested deeper than {MAX_DEPTH} at offset {off}")
+        _depth += 1
+        try:
+            return read(buf, off)
+        finally:
+            _depth -= 1
+
+    return nested
+
+
 def _compound(wide: bool, as_map: bool):
+    @_nested
     def read(buf: bytes, off: int) -> tuple[Any, int]:
         count, off, end = _sized_head(buf, off, wide)
+        if count > end - off:   # every element takes a byte at least
+            raise DecodeError(f"{count} elements cannot fit in {end - off} bytes at offset {off}")
         items = []
         for _ in range(count):
             value, off = decode(buf, off)
@@ -158,6 +201,7 @@ def _compound(wide: bool, as_map: bool):
 
 
 def _array(wide: bool):
+    @_nested
     def read(buf: bytes, off: int) -> tuple[Any, int]:
         count, off, end = _sized_head(buf, off, wide)
         descriptor = None
@@ -168,6 +212,11 @@ def _array(wide: bool):
         if reader is None:
             raise DecodeError(f"invalid array element constructor 0x{code:02x}")
         off += 1
+        # Elements of a zero-width constructor (null, true, false, 0) take no bytes:
+        # a few bytes could declare billions of them (amplification).  No more
+        # elements than the data has bytes, whatever their width.
+        if count > max(end - off, 0) and (count > len(buf) or _FIXED.get(code >> 4) != 0):
+            raise DecodeError(f"array of {count} elements in {end - off} bytes at offset {off}")
         items = []
         for _ in range(count):
             value, off = reader(buf, off)
@@ -179,6 +228,7 @@ def _array(wide: bool):
     return read
 
 
+@_nested
 def _described(buf: bytes, off: int) -> tuple[Any, int]:
     descriptor, off = decode(buf, off)
     value, off = decode(buf, off)

@@ -65,7 +65,7 @@ class Message:
 
     __slots__ = (
         "raw", "size", "durable", "priority", "ttl", "first_acquirer", "delivery_count",
-        "_header_end", "_spans", "_props", "_app", "_annotations",
+        "_header_end", "_spans", "_props", "_app", "_annotations", "_routing",
         "publisher", "arrival", "store_id", "store_refs",
     )
 
@@ -85,6 +85,7 @@ class Message:
         self._props: list | None = None
         self._app: dict | None = None
         self._annotations: dict | None = None
+        self._routing: tuple[float | None, float | None, str | None] | None = None
         self._spans = _scan(raw)
         span = self._spans.get(HEADER)
         if span is not None:
@@ -101,11 +102,11 @@ class Message:
             if not isinstance(fields, list):
                 raise MalformedMessage("header section is not a list")
             fields = fields + [None] * (5 - len(fields))
-        self.durable = bool(fields[0])
-        self.priority = DEFAULT_PRIORITY if fields[1] is None else int(fields[1])
-        self.ttl = None if fields[2] is None else int(fields[2])
-        self.first_acquirer = bool(fields[3])
-        self.delivery_count = 0 if fields[4] is None else int(fields[4])
+        self.durable = _flag(fields[0], "durable")
+        self.priority = DEFAULT_PRIORITY if fields[1] is None else _count(fields[1], "priority")
+        self.ttl = None if fields[2] is None else _count(fields[2], "ttl")
+        self.first_acquirer = _flag(fields[3], "first-acquirer")
+        self.delivery_count = 0 if fields[4] is None else _count(fields[4], "delivery-count")
         self._header_end = end
 
     # ------------------------------------------------------------------ sections
@@ -144,7 +145,10 @@ class Message:
         if span is None:
             return None, None
         raw = self.raw
-        head = _list_head(raw, span[0])
+        try:
+            head = _list_head(raw, span[0])
+        except (IndexError, struct.error) as exc:
+            raise MalformedMessage(f"bad properties section: {exc}") from exc
         if head is None:   # not a list: properties raises the error
             return self.properties[first], self.properties[second]
         count, off = head
@@ -159,17 +163,26 @@ class Message:
             for _ in range(second - first - 1):
                 off = skip(raw, off)
             return a, decode(raw, off)[0]
-        except DecodeError as exc:
+        except (DecodeError, IndexError, struct.error) as exc:
             raise MalformedMessage(f"bad properties section: {exc}") from exc
 
     @property
     def application_properties(self) -> dict:
-        if self._app is None:
-            value = self._section(APPLICATION_PROPERTIES) or {}
-            if not isinstance(value, dict):
-                raise MalformedMessage("application-properties section is not a map")
-            self._app = value
-        return self._app
+        """Decoded on first use (selectors).  A section that does not decode raises
+        MalformedMessage every time, without decoding again."""
+        app = self._app
+        if app is None:
+            try:
+                value = self._section(APPLICATION_PROPERTIES) or {}
+                if not isinstance(value, dict):
+                    raise MalformedMessage("application-properties section is not a map")
+            except MalformedMessage as exc:
+                self._app = exc
+                raise
+            self._app = app = value
+        elif app.__class__ is MalformedMessage:
+            raise app
+        return app
 
     @property
     def annotations(self) -> dict:
@@ -200,14 +213,23 @@ class Message:
 
     def routing_times(self) -> tuple[float | None, float | None, str | None]:
         """(expiry_time(), delivery_time(), group_id()) in one go: what every queue
-        entry reads at enqueue, with one walk over the properties list."""
+        entry reads at enqueue, with one walk over the properties list.  Read once
+        (the connection handler reads it before routing, so a wrong-typed field is
+        rejected there as MalformedMessage, never met by a queue)."""
+        routing = self._routing
+        if routing is not None:
+            return routing
         ttl = self.ttl
         expires = None if ttl is None else self.arrival + ttl / 1000.0
         absolute, group = self._props_at(_ABSOLUTE_EXPIRY_TIME, _GROUP_ID)
-        if absolute:
-            absolute /= 1000.0
-            expires = absolute if expires is None else min(expires, absolute)
-        return expires, self.delivery_time(), None if group is None else str(group)
+        if absolute is not None:
+            absolute = _count(absolute, "absolute-expiry-time") / 1000.0
+            if absolute:
+                expires = absolute if expires is None else min(expires, absolute)
+        if group is not None and not isinstance(group, str):
+            raise MalformedMessage(f"group-id is a {type(group).__name__}, not a string")
+        self._routing = routing = (expires, self.delivery_time(), group)
+        return routing
 
     def delivery_time(self) -> float | None:
         """Scheduled delivery time (x-opt-delivery-time / x-opt-delivery-delay)."""
@@ -217,10 +239,10 @@ class Message:
         annotations = self.annotations
         when = annotations.get(DELIVERY_TIME)
         if when is not None:
-            return int(when) / 1000.0
+            return _integer(when, "x-opt-delivery-time") / 1000.0
         delay = annotations.get(DELIVERY_DELAY)
-        if delay is not None and int(delay) > 0:
-            return self.arrival + int(delay) / 1000.0
+        if delay is not None and _integer(delay, "x-opt-delivery-delay") > 0:
+            return self.arrival + delay / 1000.0
         return None
 
     def encoded(self, delivery_count: int) -> bytes:
@@ -229,6 +251,28 @@ class Message:
             return self.raw
         header = encode_header(self.durable, self.priority, self.ttl, self.first_acquirer, delivery_count)
         return header + self.raw[self._header_end:]
+
+
+def _integer(value: Any, field: str) -> int:
+    """An integer field of any AMQP integer type; anything else is MalformedMessage
+    (a string, a double such as inf or NaN, a boolean)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise MalformedMessage(f"{field} is a {type(value).__name__}, not an integer")
+
+
+def _count(value: Any, field: str) -> int:
+    """A non-negative integer field (priority, ttl, delivery-count, times)."""
+    value = _integer(value, field)
+    if value < 0:
+        raise MalformedMessage(f"{field} is negative ({value})")
+    return value
+
+
+def _flag(value: Any, field: str) -> bool:
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    raise MalformedMessage(f"{field} is a {type(value).__name__}, not a boolean")
 
 
 def encode_header(durable: bool, priority: int, ttl: int | None, first_acquirer: bool,
@@ -260,7 +304,7 @@ def _scan(raw: bytes) -> dict[int, tuple[int, int]]:
                 value_start = off + 3
             else:
                 descriptor, value_start = decode(raw, off + 1)
-                code = _SECTION_SYMBOLS.get(descriptor, descriptor) if isinstance(descriptor, str) else int(descriptor)
+                code = _section_code(descriptor)
             if not HEADER <= code <= FOOTER:
                 raise MalformedMessage(f"unknown section descriptor {code!r}")
             c = raw[value_start]
@@ -277,6 +321,16 @@ def _scan(raw: bytes) -> dict[int, tuple[int, int]]:
     except (DecodeError, IndexError, struct.error) as exc:
         raise MalformedMessage(f"malformed message: {exc}") from exc
     return spans
+
+
+def _section_code(descriptor: Any) -> int:
+    """A section descriptor (§3.2): a ulong code or its symbolic name; -1 for anything
+    else (a list, a string, a double ...: not a section)."""
+    if isinstance(descriptor, str):
+        return _SECTION_SYMBOLS.get(descriptor, -1)
+    if isinstance(descriptor, int) and not isinstance(descriptor, bool):
+        return descriptor
+    return -1
 
 
 def _list_head(raw: bytes, off: int) -> tuple[int, int] | None:
@@ -309,8 +363,11 @@ def _header_fields(raw: bytes, start: int) -> list | None:
             elif c == 0x41 or c == 0x42:
                 fields[i] = c == 0x41
                 off += 1
-            elif c == 0x50 or c == 0x52 or c == 0x56:
+            elif c == 0x50 or c == 0x52:
                 fields[i] = raw[off + 1]
+                off += 2
+            elif c == 0x56:
+                fields[i] = raw[off + 1] != 0
                 off += 2
             elif c == 0x43:
                 fields[i] = 0
@@ -357,6 +414,18 @@ def _text(value: Any) -> Any:
     if isinstance(value, (bytes, memoryview)):
         return bytes(value).decode("utf-8", "replace")
     return value
+
+
+def selector_accepts(selector: Any, msg: Message, delivery_count: int) -> bool:
+    """Whether a JMS selector accepts the message.  Never raises: a message whose
+    sections do not decode, or whose values the selector cannot compare, matches no
+    selector (it stays in its queue for consumers without one)."""
+    try:
+        if APPLICATION_PROPERTIES in msg._spans:
+            msg.application_properties   # one that does not decode fails every selector
+        return selector.matches(selector_lookup(msg, delivery_count))
+    except (MalformedMessage, TypeError, ValueError, ArithmeticError, RecursionError):
+        return False
 
 
 def selector_lookup(msg: Message, delivery_count: int) -> Callable[[str], Any]:

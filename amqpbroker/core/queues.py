@@ -70,6 +70,7 @@ class Queue:
         self.acked_total = 0
         self.expired_total = 0
         self.dead_lettered_total = 0
+        self.unreadable_total = 0
         self.created_at = clock()
         self.last_delivered_at: float | None = None
         self.last_consumer_at: float | None = None
@@ -367,8 +368,8 @@ class Queue:
                 if credit <= 0:
                     break
                 consumer.browse_cursor = entry.seq
-                if entry.msg is None:
-                    self._load(entry)
+                if entry.msg is None and not self._load(entry):
+                    continue
                 if consumer.filtered and not consumer.accepts(entry):
                     continue
                 consumer.deliver_copy(entry)
@@ -397,8 +398,8 @@ class Queue:
                 continue
             if self._group_elsewhere(entry, consumer):
                 continue
-            if entry.msg is None:
-                self._load(entry)
+            if entry.msg is None and not self._load(entry):
+                continue
             if not consumer.accepts(entry):
                 continue
             self._ready.remove(entry)
@@ -414,14 +415,28 @@ class Queue:
         owner = self._groups.get(group)
         return owner is not None and owner is not consumer
 
-    def _load(self, entry: Entry) -> None:
-        if entry.msg is None:
+    def _load(self, entry: Entry) -> bool:
+        """Read a paged entry's body back.  A body that cannot be read or parsed (a
+        damaged store, a message stored before the broker checked it at the edge)
+        must not stop the queue: the entry is dropped, loudly, and False returned."""
+        if entry.msg is not None:
+            return True
+        try:
             entry.msg = self.loader(entry)
-            self.mem_bytes += entry.size
+        except Exception as exc:  # the loader's errors are the store's and the parser's
+            log.error("queue %s: message seq=%d cannot be read back (%s: %s); dropped",
+                      self.name, entry.seq, type(exc).__name__, exc)
+            self.unreadable_total += 1
+            if entry in self._ready:
+                self._ready.remove(entry)
+            self._drop(entry)
+            return False
+        self.mem_bytes += entry.size
+        return True
 
     def _hand_over(self, entry: Entry, consumer: ConsumerPort) -> None:
-        if entry.msg is None:
-            self._load(entry)
+        if entry.msg is None and not self._load(entry):
+            return
         entry.consumer = consumer
         if entry.group is not None:
             self._groups.setdefault(entry.group, consumer)

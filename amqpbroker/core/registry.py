@@ -8,7 +8,8 @@ import logging
 from typing import Any, Callable
 
 from .broker import Broker
-from .message import Message
+from .message import Message, selector_accepts
+from .selectors import compile_selector
 from .queues import Queue
 from .subscriptions import (
     AttachDecision,
@@ -27,6 +28,21 @@ log = logging.getLogger("amqpbroker.subscriptions")
 
 # Builds a binding filter from (selector text, no-local owner container) or None.
 FilterFactory = Callable[[str | None, str | None], Callable[[Message], bool] | None]
+
+
+def subscription_filter(selector_text: str | None, no_local_owner: str | None) -> Callable[[Message], bool] | None:
+    """The binding filter of a subscription: its JMS selector and/or no-local by
+    client-id (None when it has neither).  Never raises (`selector_accepts`)."""
+    selector = compile_selector(selector_text) if selector_text else None
+    if selector is None and no_local_owner is None:
+        return None
+
+    def accept(msg: Message) -> bool:
+        if no_local_owner is not None and msg.publisher == no_local_owner:
+            return False
+        return selector is None or selector_accepts(selector, msg, msg.delivery_count)
+
+    return accept
 
 
 class SubscriptionRegistry:

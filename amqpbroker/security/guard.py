@@ -96,10 +96,17 @@ class AccessGuard:
     def _subscription_topic(self, link_name: str, container_id: str) -> str | None:
         namespace, name, _, _ = identity(link_name, container_id, None)
         sub = self.subscriptions.subscriptions.get(SubscriptionKey(namespace, name, True))
-        if sub is None:
+        return None if sub is None else subscription_address(sub)
+
+    def replace_refusal(self, user: str | None, sub: Any) -> str | None:
+        """Recreating an existing subscription (another topic, selector or no-local:
+        its backlog is dropped) needs `consume` on the address it is bound to *now*,
+        not only on the new one: otherwise anyone allowed some topic could take over
+        another application's durable subscription by name.  (Unsubscribing goes
+        through the null-source attach, checked against the same address.)"""
+        if not self.enabled:
             return None
-        b = sub.binding
-        return sub.source.address or (f"{b.exchange}/{b.key}" if b.key else b.exchange)
+        return self.check(user, CONSUME, subscription_address(sub))
 
     # ------------------------------------------------------------------ anonymous relay
 
@@ -111,3 +118,9 @@ class AccessGuard:
         if not to:
             return None
         return self.check(user, SEND, str(to))
+
+
+def subscription_address(sub: Any) -> str:
+    """The address a subscription consumes from, as its attach named it."""
+    b = sub.binding
+    return sub.source.address or (f"{b.exchange}/{b.key}" if b.key else b.exchange)

@@ -26,11 +26,14 @@ import binascii
 import collections
 import hashlib
 import hmac
+import logging
 import secrets
 import stringprep
 import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+log = logging.getLogger("amqpbroker.users")
 
 __all__ = [
     "HASH_PREFIX",
@@ -201,6 +204,8 @@ class UserStore:
                 except ValueError as exc:
                     raise ValueError(f"user {name!r}: {exc}") from None
             else:
+                log.warning("user %r has a plaintext password in the configuration: store the "
+                            "output of `amqpbroker hash-password` instead", name)
                 self._users[name] = derive_scram_credentials(
                     value, secrets.token_bytes(16), DEFAULT_ITERATIONS)
         # Unknown users are checked against this so that they cost the same

@@ -12,18 +12,18 @@ from typing import Any, Callable
 
 from proton import Condition, Link
 
-from ..config import ClientIdPolicy, Settings, anonymous_allowed
+from ..config import ClientIdPolicy, Settings, anonymous_allowed, plain_allowed
 from ..core.broker import Broker, BrokerPolicy
-from ..core.message import Message, selector_lookup
-from ..core.registry import SubscriptionRegistry
+from ..core.registry import SubscriptionRegistry, subscription_filter
 from ..core.transactions import TransactionRegistry
-from ..core.selectors import compile_selector
-from ..security.guard import AccessGuard
+from ..security.guard import UNAUTHORIZED, AccessGuard
 from ..security.users import UserStore
 from ..store.base import Store
 from ..store.durability import DurabilityManager
 from ..store.lmdb_store import LmdbStore
 from .engine import AmqpProtocol
+from .peer_fields import symbols
+from .refusal import AttachRefused
 from .sasl import SaslPolicy
 
 log = logging.getLogger("amqpbroker")
@@ -42,20 +42,6 @@ class Listener:
     server: asyncio.AbstractServer | None = None
 
 
-def binding_filter(selector_text: str | None, no_local_owner: str | None) -> Callable[[Message], bool] | None:
-    """Binding filter for a subscription: JMS selector and/or no-local by client-id."""
-    selector = compile_selector(selector_text) if selector_text else None
-    if selector is None and no_local_owner is None:
-        return None
-
-    def accept(msg: Message) -> bool:
-        if no_local_owner is not None and msg.publisher == no_local_owner:
-            return False
-        return selector is None or selector.matches(selector_lookup(msg, msg.delivery_count))
-
-    return accept
-
-
 class BrokerServer:
     def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop | None = None):
         self.settings = settings
@@ -67,11 +53,11 @@ class BrokerServer:
             dead_letter_address=p.dead_letter_address,
             max_consumers_per_subscription=p.max_consumers_per_subscription,
         ))
-        self.subscriptions = SubscriptionRegistry(self.broker, binding_filter)
+        self.subscriptions = SubscriptionRegistry(self.broker, subscription_filter)
         self.transactions = TransactionRegistry()
         st = settings.store
         self.store: Store = (LmdbStore(settings.data_dir / "store", map_size=st.initial_map_size,
-                                       max_map_size=st.max_map_size)
+                                       max_map_size=st.max_map_size, verify=st.verify_at_start)
                              if st.enabled else Store())
         self.durability = DurabilityManager(self.broker, self.subscriptions, self.store,
                                             memory_budget=st.queue_memory_budget)
@@ -106,16 +92,18 @@ class BrokerServer:
             if not any(x.key == bd.key and x.queue is queue for x in b.exchanges[bd.exchange].bindings):
                 b.bind(bd.exchange, bd.key, queue)
 
-    def _sasl_policy(self, host: str, allow_anon: bool | None) -> SaslPolicy:
+    def _sasl_policy(self, host: str, allow_anon: bool | None, tls: bool = False) -> SaslPolicy:
         anonymous = anonymous_allowed(allow_anon, host)
-        mechs = tuple(m for m in ALL_MECHANISMS if m != "ANONYMOUS" or anonymous)
+        plain = plain_allowed(self.settings.allow_insecure_plain, host, tls)
+        mechs = tuple(m for m in ALL_MECHANISMS
+                      if (m != "ANONYMOUS" or anonymous) and (m != "PLAIN" or plain))
         return SaslPolicy(mechanisms=mechs, allow_no_sasl=anonymous,
                           handshake_timeout=self.settings.limits.sasl_timeout)
 
     async def start(self) -> None:
         s = self.settings
         snapshot = self.store.open(self.loop)
-        self.durability.recover(snapshot, binding_filter)
+        self.durability.recover(snapshot, subscription_filter)
         self.durability.install()
         self._declare_configured()
         await self.operations.start()   # before the AMQP listeners: its port is logged first
@@ -128,7 +116,7 @@ class BrokerServer:
             # `allow_anonymous = false` must not leave the TLS listener open).
             tls_anon = s.tls.allow_anonymous if s.tls.allow_anonymous is not None else s.allow_anonymous
             self.listeners.append(Listener("amqps", s.tls.host, s.tls.port,
-                                           self._sasl_policy(s.tls.host, tls_anon),
+                                           self._sasl_policy(s.tls.host, tls_anon, tls=True),
                                            s.tls.client_id_policy, ctx))
         for lst in self.listeners:
             lst.server = await self.loop.create_server(
@@ -149,8 +137,7 @@ class BrokerServer:
         if self.connection_count >= self.settings.limits.max_connections:
             return ("amqp:resource-limit-exceeded", "too many connections", False)
         policy = handler.protocol.listener.client_id_policy
-        desired = handler.conn.remote_desired_capabilities or []
-        sole = any(str(c) == "sole-connection-for-container" for c in desired)
+        sole = "sole-connection-for-container" in symbols(handler.conn.remote_desired_capabilities)
         if (policy is ClientIdPolicy.RESTRICTED and sole
                 and self.handlers_by_container.get(handler.container_id)):
             return ("amqp:invalid-field",
@@ -176,9 +163,14 @@ class BrokerServer:
 
     def steal_link(self, handler: Any, link: Link) -> None:
         """AMQP 1.0 §2.6.1: a link is identified by (container-id, name, role); the
-        same link attached again elsewhere takes it over (`amqp:link:stolen`)."""
+        same link attached again elsewhere takes it over (`amqp:link:stolen`) — but
+        only by the same user: anyone can claim a container-id, so an attach by
+        another user (or an anonymous one) is refused and the holder keeps its link."""
         key = (handler.container_id, link.name, link.is_sender)
         previous = self.live_links.get(key)
+        if previous is not None and previous[0].protocol.user != handler.protocol.user:
+            raise AttachRefused(UNAUTHORIZED, f"link '{link.name}' of container '{handler.container_id}' "
+                                              f"is attached by another user")
         self.live_links[key] = (handler, link)
         if previous is None:
             return

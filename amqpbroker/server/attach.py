@@ -78,6 +78,10 @@ class ConsumerAttacher:
         text = source.selector
         if text is None:
             return None
+        limit = self.server.settings.limits.max_selector_length
+        if len(text) > limit:
+            raise AttachRefused("amqp:invalid-field", f"Invalid JMS Selector: longer than {limit} "
+                                                      f"characters (limits.max_selector_length)")
         try:
             return compile_selector(text)
         except SelectorError as exc:
@@ -113,6 +117,11 @@ class ConsumerAttacher:
         decision = registry.decide(link.name, h.container_id, source, binding)
         if decision.decision is Decision.REFUSE:
             raise AttachRefused(decision.condition, decision.description)
+        if decision.decision is Decision.RECREATE:
+            existing = registry.subscriptions.get(decision.key)
+            refusal = existing and self.server.access.replace_refusal(h.protocol.user, existing)
+            if refusal:
+                raise AttachRefused(UNAUTHORIZED, f"subscription '{decision.key.name}' exists: {refusal}")
         owner = self._owner(link, source)
         sub, queue = registry.apply(decision, link_name=link.name, container_id=h.container_id,
                                     owner=owner, now=self.broker.clock())

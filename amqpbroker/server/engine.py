@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from cproton import ffi, lib
 from proton import Collector, Connection, Event, Transport
 
+from ..core.wire import FrameGuard
 from .sasl import Handshake, HandshakeState
 
 if TYPE_CHECKING:
@@ -52,6 +53,8 @@ class AmqpProtocol(asyncio.Protocol):
         self._dirty = False
         self._hs_timer: asyncio.TimerHandle | None = None
         self._store_hold = False   # output waits for a store commit (hold_for_store)
+        self.guard: FrameGuard | None = None   # protocol checks proton does not make
+        self._discard_input = False             # after a protocol violation: closing
 
     # ------------------------------------------------------------------ socket events
 
@@ -81,7 +84,7 @@ class AmqpProtocol(asyncio.Protocol):
         self.sock.close()
 
     def data_received(self, data: bytes) -> None:
-        if self.closed:
+        if self.closed or self._discard_input:
             return
         if self.handshake is not None:
             self._feed_handshake(data)
@@ -94,10 +97,10 @@ class AmqpProtocol(asyncio.Protocol):
             self._timer.cancel()
         if self._hs_timer is not None:
             self._hs_timer.cancel()
-        if self.transport is not None and not self.closed:
+        was_closed, self.closed = self.closed, True   # before the engine's events: the socket is gone
+        if self.transport is not None and not was_closed:
             self.transport.close_tail()
             self._process()
-        self.closed = True
         if self.handler is not None:
             self.handler.socket_closed()
         self.server.flush_soon()
@@ -150,12 +153,25 @@ class AmqpProtocol(asyncio.Protocol):
         t.bind(conn)
         self.transport, self.connection, self.collector = t, conn, coll
         self.handler = ConnectionHandler(self)
+        self.guard = FrameGuard()
         if leftover:
             self._push(leftover)
 
     # ------------------------------------------------------------------ proton pump
 
     def _push(self, data: bytes) -> None:
+        guard = self.guard
+        if guard is not None:
+            problem = guard.feed(data)
+            if problem is not None:
+                # The engine gets the frames before the offending one (it must have
+                # seen the AMQP header to answer at all), then nothing more.
+                self.guard = None
+                self._push(data[:guard.violation_at])
+                if not self.handler.ended:
+                    self.handler.protocol_violation(*problem)
+                    self._process()
+                return
         t = self.transport
         view = memoryview(data)
         while view:
@@ -203,6 +219,11 @@ class AmqpProtocol(asyncio.Protocol):
             pop(coll)
         self.mark_dirty()
 
+    def stop_reading(self) -> None:
+        """A protocol violation: read nothing more, close once the output is written."""
+        self._discard_input = True
+        self.mark_dirty()
+
     def mark_dirty(self) -> None:
         if not self._dirty:
             self._dirty = True
@@ -246,8 +267,10 @@ class AmqpProtocol(asyncio.Protocol):
             if not self.closed:
                 self.sock.write(out)
             pending = t.pending()
-        if pending < 0 and not self.closed:
-            # Output side finished (close frame sent, or a transport error).
+        if (pending < 0 or self._discard_input) and not self.closed:
+            # Output side finished (close frame sent, or a transport error), or a
+            # protocol violation: whatever the engine would still say has been written
+            # (it sends no close before the peer's open, which will not come now).
             self.closed = True
             self.sock.close()
             return

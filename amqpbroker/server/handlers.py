@@ -27,6 +27,7 @@ from .refusal import AttachRefused
 from .links import ACCEPTED, REJECTED, EndedDeliveries, LinkConsumer, Producer, link_key, session_key
 from cproton import lib
 from .coordinator import TRANSACTIONAL_STATE, Coordinator, stage_ack, stage_send
+from .peer_fields import attach_problem, condition_text, link_name, open_problem
 from .terminus import read_source, read_target, write_null, write_target
 from .sequence import CONTROL_ADDRESSES, RangeReader, attach_control, dedup_publish
 from ..core.terms import TargetTerms
@@ -66,6 +67,7 @@ class ConnectionHandler:
             Event.LINK_REMOTE_DETACH.number: self.on_link_remote_detach,
             Event.LINK_REMOTE_CLOSE.number: self.on_link_remote_close,
             Event.TRANSPORT_ERROR.number: self.on_transport_error,
+            Event.TRANSPORT_TAIL_CLOSED.number: self.on_transport_tail_closed,
         }
 
     def dispatch(self, ev: Event) -> None:
@@ -77,6 +79,15 @@ class ConnectionHandler:
 
     def on_connection_remote_open(self, ev: Event) -> None:
         conn = self.conn
+        problem = open_problem(conn)
+        if problem is not None:
+            self.container_id = f"undecodable-{id(self)}"
+            conn.open()
+            conn.condition = Condition(*problem)
+            conn.close()
+            log.warning("connection from %s refused: %s: %s", self.protocol.peer, *problem)
+            self.ended = True
+            return
         self.container_id = conn.remote_container or f"anonymous-{id(self)}"
         self.connection_key = self.container_id
         conn.container = self.server.settings.container_id
@@ -107,13 +118,32 @@ class ConnectionHandler:
     def on_connection_remote_close(self, ev: Event) -> None:
         cond = self.conn.remote_condition
         self.conn.close()
-        self._end(f"closed by peer{f' ({cond.name}: {cond.description})' if cond else ''}",
-                  LinkEnding.CONNECTION_CLOSED)
+        self._end(f"closed by peer{condition_text(cond)}", LinkEnding.CONNECTION_CLOSED)
 
     def on_transport_error(self, ev: Event) -> None:
         cond = ev.transport.condition
         self._end(f"transport error: {cond.name}: {cond.description}" if cond else "transport error",
                   self._lost())
+
+    def on_transport_tail_closed(self, ev: Event) -> None:
+        """The engine stopped reading.  After the peer's close, an error, or the socket
+        going, that is expected; otherwise proton met input it could not frame and
+        dropped it without a word: close with the error instead of idling out."""
+        if self.ended or self.protocol.closed or self.conn.state & Endpoint.REMOTE_CLOSED:
+            return
+        self.protocol_violation("amqp:connection:framing-error", "a frame the engine could not read")
+
+    def protocol_violation(self, condition: str, description: str) -> None:
+        """Close at once with the violation (core/wire.py, or the engine's framing)."""
+        conn = self.conn
+        if not conn.state & Endpoint.LOCAL_ACTIVE and not conn.state & Endpoint.LOCAL_CLOSED:
+            conn.open()
+        conn.condition = Condition(condition, description)
+        conn.close()
+        self.protocol.stop_reading()
+        log.warning("connection %s (container %s) closed: protocol violation: %s: %s",
+                    self.protocol.peer, self.container_id, condition, description)
+        self._end(f"protocol violation: {condition}", LinkEnding.CONNECTION_LOST)
 
     def socket_closed(self) -> None:
         self._end("socket closed", self._lost())
@@ -200,15 +230,20 @@ class ConnectionHandler:
 
     def on_link_remote_open(self, ev: Event) -> None:
         link = ev.link
+        problem = attach_problem(link)
+        if problem is not None:
+            self.refuse(link, *problem)
+            return
         if self.links >= self.server.settings.limits.max_links_per_connection:
             self.refuse(link, RESOURCE_LIMIT, "too many links on this connection")
             return
         link.max_message_size = self.server.settings.limits.max_message_size
-        # Steal first (AMQP 1.0 §2.6.1): the previous holder's consumer must be gone
-        # before the subscription table looks at consumer counts.
-        self.server.steal_link(self, link)
         try:
             self._check_access(link)
+            # Then steal (AMQP 1.0 §2.6.1), only from the same user: the previous
+            # holder's consumer must be gone before the subscription table looks at
+            # consumer counts.
+            self.server.steal_link(self, link)
             if link.is_sender:
                 endpoint = self.attacher.attach(link)
             else:
@@ -248,7 +283,7 @@ class ConnectionHandler:
         link.close()
         self.server.metrics_refused[condition] = self.server.metrics_refused.get(condition, 0) + 1
         log.warning("connection %s: attach of link '%s' refused: %s: %s", self.protocol.peer,
-                    link.name, condition, description)
+                    link_name(link), condition, description)
 
     def _attach_producer(self, link: Link) -> Producer:
         target = read_target(link.remote_target)
@@ -432,8 +467,14 @@ class ConnectionHandler:
         store = self.server.store
         try:
             msg = Message(raw, publisher=self.connection_key)
+            # What routing reads, read once here: a wrong-typed field (priority as a
+            # string, a NaN delivery delay, a group-id that is not text ...) is
+            # rejected now, never met by a queue.
+            msg.routing_times()
             if msg.durable and store.full:
-                self._reject(producer, dlv, RESOURCE_LIMIT, "message store is full")
+                why = getattr(store, "degraded", None)
+                self._reject(producer, dlv, RESOURCE_LIMIT,
+                             f"durable messages are refused for now: {why}" if why else "message store is full")
                 return
             if producer.target is None and self.server.access.enabled:
                 denied = self.server.access.relay_denied(self.protocol.user, msg)

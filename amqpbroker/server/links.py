@@ -20,7 +20,7 @@ from cproton import ffi, lib
 from proton import Condition, Delivery, Link
 
 from ..core.addresses import AddressKind
-from ..core.message import MalformedMessage, selector_lookup
+from ..core.message import selector_accepts
 from ..core.queues import Entry, Outcome, Queue
 from ..core.settlement import LinkEnding, counts_as_failed
 from ..core.subscriptions import RESOURCE_LIMIT
@@ -83,7 +83,7 @@ class LinkConsumer:
     def credit(self) -> int:
         if self.closed or not self.ready or self.handler.protocol.write_paused:
             return 0
-        credit = lib.pn_link_credit(self.impl)
+        credit = link_credit(self.impl)
         if credit > 0 and self.peer_ending():
             return 0
         return credit
@@ -100,13 +100,9 @@ class LinkConsumer:
         if self.no_local and entry.msg.publisher == self.handler.connection_key:
             return False
         if self.selector is not None:
-            try:
-                return self.selector.matches(selector_lookup(entry.msg, entry.delivery_count))
-            except MalformedMessage:
-                # Sections are decoded lazily: a bad application-properties section
-                # shows up only here.  It matches no selector; raising would abort
-                # dispatch (and the event handler) on every later attempt.
-                return False
+            # Never raises: a message whose application-properties do not decode
+            # matches no selector (and stays for consumers without one).
+            return selector_accepts(self.selector, entry.msg, entry.delivery_count)
         return True
 
     def _transfer(self, entry: Entry) -> Any:
@@ -145,7 +141,7 @@ class LinkConsumer:
     def on_flow(self) -> None:
         self.queue.dispatch()
         impl = self.impl
-        if lib.pn_link_get_drain(impl) and lib.pn_link_credit(impl) > 0:
+        if lib.pn_link_get_drain(impl) and link_credit(impl) > 0:
             # AMQP 1.0 §2.6.7: a drain request with nothing more to send consumes
             # the credit (delivery-count advances, credit 0, drain echoed).
             lib.pn_link_drained(impl)
@@ -424,6 +420,13 @@ class Producer:
         if self._recheck is not None:
             self._recheck.cancel()
             self._recheck = None
+
+
+def link_credit(impl: Any) -> int:
+    """A sending link's credit.  The peer grants up to 2^32 - 1 (AMQP 1.0 §2.7.4
+    link-credit is a uint); proton keeps it unsigned but hands it out as a C int,
+    so a grant of 2^31 or more would read as negative, and never be served."""
+    return lib.pn_link_credit(impl) & 0xFFFFFFFF
 
 
 def link_key(link: Link) -> Any:

@@ -47,7 +47,7 @@ from ..core.sequence import (
     with_sequence,
 )
 from ..core.terms import Filter, SourceTerms, TargetTerms
-from .links import ACCEPTED, REJECTED, Producer
+from .links import ACCEPTED, REJECTED, Producer, link_credit
 from .refusal import AttachRefused
 from .terminus import write_source, write_target
 
@@ -196,7 +196,7 @@ class RangeReader:
         proto = self.handler.protocol
         budget = PUMP_BATCH
         while not self.exhausted and budget > 0:
-            credit = lib.pn_link_credit(impl)
+            credit = link_credit(impl)
             if credit <= 0:
                 break
             if proto.write_paused:
@@ -215,7 +215,7 @@ class RangeReader:
         else:
             if budget <= 0 and not self.exhausted:
                 self._again(0)
-        if self.exhausted and lib.pn_link_get_drain(impl) and lib.pn_link_credit(impl) > 0:
+        if self.exhausted and lib.pn_link_get_drain(impl) and link_credit(impl) > 0:
             lib.pn_link_drained(impl)   # AMQP 1.0 §2.6.7: nothing more to send
         proto.mark_dirty()
 
@@ -295,7 +295,10 @@ class ControlLink(Producer):
         try:
             msg = Message(raw)
             props = msg.application_properties
-            if self.address == QUEUE_INFO_ADDRESS:
+            refusal = self._reply_refusal(msg)
+            if refusal is not None:
+                self._answer(dlv, REJECTED, "amqp:unauthorized-access", f"reply-to: {refusal}")
+            elif self.address == QUEUE_INFO_ADDRESS:
                 self._queue_info(dlv, msg, props)
             else:
                 self._ack(dlv, msg, props)
@@ -393,6 +396,26 @@ class ControlLink(Producer):
         if access is None or not access.enabled:
             return None
         return access.check(self.handler.protocol.user, action, queue)
+
+    def _reply_refusal(self, request: Message) -> str | None:
+        """The broker writes a reply where the request's reply-to says: only where the
+        requester may send itself (the ACL), or to a temporary queue of its own
+        connection — never a way into queues it may not write to."""
+        access = getattr(self.handler.server, "access", None)
+        if access is None or not access.enabled or not request.has_section(PROPERTIES):
+            return None
+        reply_to = request.prop("reply_to")
+        if not reply_to:
+            return None
+        address = str(reply_to)
+        broker = self.handler.broker
+        try:
+            node = broker.resolve(address).name
+        except AddressNotFound:
+            node = None   # no reply can go there anyway
+        if node is not None and broker.temporaries.get(node) is self.handler:
+            return None
+        return access.check(self.handler.protocol.user, "send", address)
 
     def _reply(self, request: Message, info: dict) -> bool:
         """Send `info` (application properties and amqp-value body) to the request's

@@ -1,3 +1,4 @@
+import struct
 import uuid
 
 import pytest
@@ -49,3 +50,60 @@ def test_truncated_input_raises_decode_error():
     raw = codec.encode("hello world")
     with pytest.raises(codec.DecodeError):
         codec.decode(raw[:-3])
+
+
+# --------------------------------------------------------------------------- hostile bytes:
+# whatever is wrong, decode raises DecodeError and nothing else.
+
+def _deep_list(depth: int) -> bytes:
+    inner = b"\x45"
+    for _ in range(depth):
+        inner = b"\xd0" + struct.pack(">II", len(inner) + 4, 1) + inner
+    return inner
+
+
+HOSTILE = {
+    "invalid UTF-8 string": b"\xa1\x03\xff\xfe\xfd",
+    "non-ASCII symbol": b"\xa3\x02\xc3\xa9",
+    "char beyond U+10FFFF": b"\x73\x00\x11\x00\x00",
+    "list 3,000 deep": _deep_list(3000),
+    "list nested one too deep": _deep_list(codec.MAX_DEPTH + 1),
+    "map with more elements than bytes": b"\xc1\x03\x09\x40\x40",
+    "10^8 nulls in a 12-byte array": b"\xf0" + struct.pack(">II", 5, 10**8) + b"\x40",
+    "2^32-1 trues in an array": b"\xf0" + struct.pack(">II", 5, 2**32 - 1) + b"\x41",
+    "array of ints claiming 10^6 elements": b"\xe0\x02\xff\x71",
+    "truncated string": b"\xa1\x10abc",
+    "invalid constructor": b"\x01",
+}
+
+
+@pytest.mark.parametrize("raw", HOSTILE.values(), ids=HOSTILE.keys())
+def test_hostile_bytes_raise_decode_error_only(raw):
+    with pytest.raises(codec.DecodeError):
+        codec.decode(raw)
+
+
+def test_nesting_up_to_the_limit_decodes():
+    value, end = codec.decode(_deep_list(codec.MAX_DEPTH - 1))
+    assert end == len(_deep_list(codec.MAX_DEPTH - 1))
+    for _ in range(codec.MAX_DEPTH - 1):
+        (value,) = value
+    assert value == []
+
+
+def test_a_few_zero_width_elements_in_an_array_are_fine():
+    assert codec.decode(b"\xf0" + struct.pack(">II", 5, 3) + b"\x40")[0] == [None, None, None]
+
+
+def test_skip_walks_a_long_chain_of_described_values_without_recursion():
+    raw = b"\x00" * 5000 + b"\x40" * 5001
+    assert codec.skip(raw, 0) == len(raw)
+    with pytest.raises(codec.DecodeError):
+        codec.skip(b"\x00" * 5000 + b"\x40", 0)
+
+
+def test_depth_is_restored_after_an_error():
+    with pytest.raises(codec.DecodeError):
+        codec.decode(_deep_list(3000))
+    assert codec._depth == 0
+    assert codec.decode(_deep_list(10))[1] == len(_deep_list(10))

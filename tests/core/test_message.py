@@ -89,3 +89,48 @@ def test_routing_fields_read_without_decoding_other_properties():
     short = Message(PnMessage(id="ID:2", address="q", body="x").encode())   # list ends before them
     assert short.group_id() is None and short.expiry_time() is None
     assert Message(PnMessage(id="ID:3", group_id="g-3", body="x").encode()).prop("group_id") == "g-3"
+
+
+# --------------------------------------------------------------------------- hostile messages
+
+from amqpbroker.core.message import selector_accepts  # noqa: E402
+from amqpbroker.core.selectors import compile_selector  # noqa: E402
+from tests.poison import CASES, OPAQUE, REJECT  # noqa: E402
+
+
+def _edge(raw: bytes) -> Message:
+    """What the connection handler does before routing."""
+    msg = Message(raw)
+    msg.routing_times()
+    return msg
+
+
+@pytest.mark.parametrize("raw", [raw for raw, what in CASES.values() if what == REJECT],
+                         ids=[name for name, (_, what) in CASES.items() if what == REJECT])
+def test_malformed_routing_fields_are_malformed_at_the_edge(raw):
+    with pytest.raises(MalformedMessage):
+        _edge(raw)
+
+
+@pytest.mark.parametrize("raw", [raw for raw, what in CASES.values() if what == OPAQUE],
+                         ids=[name for name, (_, what) in CASES.items() if what == OPAQUE])
+def test_malformed_application_properties_pass_the_edge_and_match_no_selector(raw):
+    msg = _edge(raw)
+    for text in ("k IS NULL", "k IS NOT NULL", "deep = 'x'", "JMSPriority = 4"):
+        assert selector_accepts(compile_selector(text), msg, 0) is False
+    with pytest.raises(MalformedMessage):
+        msg.application_properties
+    with pytest.raises(MalformedMessage):   # the failure is remembered, not decoded again
+        msg.application_properties
+    assert msg.encoded(1).endswith(msg.raw[msg._header_end:])   # redelivery still works
+
+
+def test_selectors_compare_odd_values_without_raising():
+    msg = Message(encode_app(k=[1, 2], d={"a": 1}, b=b"\x00", n=None))
+    for text in ("k > 1", "d = 'x'", "b LIKE 'a%'", "k + 1 = 2", "n IN ('a')", "k BETWEEN 1 AND 2"):
+        assert selector_accepts(compile_selector(text), msg, 0) is False
+
+
+def encode_app(**props):
+    from amqpbroker.core.codec import encode
+    return b"\x00\x53\x74" + encode(props) + b"\x00\x53\x77\xa1\x01x"

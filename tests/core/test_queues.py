@@ -317,3 +317,37 @@ def test_congested_only_while_active_consumers_fall_behind():
     assert not q.congested(5), "an idle consumer does not hold producers back"
     c.grant(5, q)
     assert q.ready_count == 3 and not q.congested(5)
+
+
+def _paged(seq: int):
+    from amqpbroker.core.queues import Entry
+    return Entry.paged(seq, store_ref=seq, size=10, priority=4, delivery_count=0,
+                       expires_at=None, deliver_at=None, group=None)
+
+
+def test_a_body_that_cannot_be_read_back_is_dropped_and_the_queue_goes_on():
+    q = Queue("q")
+    good = make_message("good")
+    bodies_by_seq = {2: good}
+
+    def loader(entry):
+        if entry.seq not in bodies_by_seq:
+            raise RuntimeError(f"stored message {entry.seq} is missing")
+        return bodies_by_seq[entry.seq]
+
+    q.loader = loader
+    q.restore(_paged(1))
+    q.restore(_paged(2))
+    c = RecordingConsumer(credit=5)
+    q.add_consumer(c)
+    assert bodies(c.delivered) == ["good"]
+    assert q.unreadable_total == 1 and q.depth == 1
+
+
+def test_a_selector_consumer_skips_an_unreadable_body_too():
+    q = Queue("q")
+    q.loader = lambda entry: (_ for _ in ()).throw(ValueError("garbage"))
+    q.restore(_paged(1))
+    picky = RecordingConsumer(credit=5, accept=lambda e: True)
+    q.add_consumer(picky)
+    assert picky.delivered == [] and q.depth == 0 and q.unreadable_total == 1

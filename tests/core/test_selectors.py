@@ -548,3 +548,30 @@ def test_arithmetic_agrees_with_python(a, b, op):
 @given(a=st.integers(-10**12, 10**12), b=st.integers(-10**12, 10**12).filter(bool))
 def test_integer_division_truncates_like_java(a, b):
     assert tri("x / y = r", x=a, y=b, r=int(Fraction(a, b))) is True
+
+
+# --------------------------------------------------------------------------- shape limits
+
+from amqpbroker.core.selectors.compiler import MAX_DEPTH, MAX_TERMS  # noqa: E402
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("NOT " * 5000 + "a = 1", "nested deeper"),
+    ("a" + " + a" * 2000 + " > 1", "nested deeper"),
+    ("NOT (" * (MAX_DEPTH + 1) + "a = 1" + ")" * (MAX_DEPTH + 1), "nested deeper"),
+    ("x IN (" + ",".join(f"'v{i}'" for i in range(MAX_TERMS)) + ")", "more than"),
+])
+def test_selectors_beyond_the_shape_limits_are_refused_not_a_recursion_error(text, problem):
+    with pytest.raises(SelectorError) as err:
+        compile_selector(text)
+    assert problem in str(err.value)
+
+
+def test_parentheses_alone_add_no_depth():
+    assert compile_selector("(" * (MAX_DEPTH + 5) + "a = 1" + ")" * (MAX_DEPTH + 5)).matches(lookup_of({"a": 1}))
+
+
+def test_long_chains_of_one_operator_are_flat_not_deep():
+    text = " OR ".join(f"p{i} = {i}" for i in range(400))
+    assert compile_selector(text).matches(lookup_of({"p399": 399}))
+    assert not compile_selector(text).matches(lookup_of({"p399": 1}))

@@ -263,3 +263,29 @@ def test_sasl_handshake_timeout_closes_silent_sockets(broker_factory):
     sock.close()
     assert b"".join(chunks).startswith(b"AMQP\x03\x01\x00\x00")
     b.wait_for_log(r"closed: handshake timed out")
+
+
+# ---------------------------------------------------------------------- PLAIN on the network
+
+
+def test_plaintext_password_in_the_config_is_warned_about(auth_broker):
+    line = auth_broker.wait_for_log(r"user 'alice' has a plaintext password in the configuration")
+    assert "hash-password" in line
+    assert "user 'bob' has a plaintext password" not in auth_broker.log_text()
+
+
+@pytest.mark.parametrize("allow, offered", [(None, False), (True, True)], ids=["default", "allowed"])
+def test_plain_is_not_offered_on_a_network_listener_without_tls(broker_factory, bob_hash, allow, offered):
+    """0.0.0.0 is not loopback: the password would cross the network in clear."""
+    config = 'host = "0.0.0.0"\n' + ("" if allow is None else f"allow_insecure_plain = {str(allow).lower()}\n")
+    proc = broker_factory(config + _users(bob_hash))
+    listen = proc.wait_for_log(r"amqp listening on")
+    assert ("PLAIN" in listen.replace("SCRAM", "")) is offered, listen
+    assert "SCRAM-SHA-256" in listen
+    url = f"amqp://127.0.0.1:{proc.port}"
+    if offered:
+        _login(proc, "alice", ALICE_PW, "PLAIN", "plain-net", url=url).close()
+    else:
+        with pytest.raises(ConnectionException):
+            _login(proc, "alice", ALICE_PW, "PLAIN", "plain-net", url=url, timeout=5)
+    _login(proc, "alice", ALICE_PW, "SCRAM-SHA-256", "scram-net", url=url).close()

@@ -22,6 +22,14 @@ class SelectorError(ValueError):
     """An invalid selector; the message names the problem and its position."""
 
 
+# Shape limits: the parse tree is checked before it is compiled (the compiler and the
+# closures it builds recurse once per level).  Chains of one operator (a OR b OR c ...)
+# are flattened and count as one level; a selector's length is limited where clients
+# send it (limits.max_selector_length), since parsing costs ~4 µs a character.
+MAX_DEPTH = 64
+MAX_TERMS = 5000
+
+
 class Selector:
     """A compiled selector. ``matches(lookup)`` is True only when it evaluates to TRUE."""
 
@@ -61,12 +69,33 @@ def compile_selector(text: str) -> Selector:
         tree = _parser().parse(text)
     except UnexpectedInput as exc:
         raise SelectorError(_syntax_message(exc, text)) from None
+    _check_shape(tree)
     compiler = _Compiler(text)
     root = compiler.build(tree)
     if root.kind not in (BOOL, ANY, NULL):
         raise SelectorError(f"selector is a {KIND_NAMES[root.kind]} expression, "
                             f"not a condition, at {_where(text, tree)}")
     return Selector(text, frozenset(compiler.identifiers), ev.as_condition(root))
+
+
+_FLAT = ("or_op", "and_op")
+
+
+def _check_shape(tree: Tree) -> None:
+    """Nesting and size of the parse tree, walked without recursion."""
+    stack = [(tree, 1)]
+    terms = 0
+    while stack:
+        node, depth = stack.pop()
+        terms += 1
+        if terms > MAX_TERMS:
+            raise SelectorError(f"selector has more than {MAX_TERMS} terms")
+        if depth > MAX_DEPTH:
+            raise SelectorError(f"selector is nested deeper than {MAX_DEPTH} levels")
+        for child in node.children:
+            if isinstance(child, Tree):
+                flat = child.data == node.data and node.data in _FLAT
+                stack.append((child, depth if flat else depth + 1))
 
 
 @functools.cache

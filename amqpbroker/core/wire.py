@@ -1,0 +1,172 @@
+"""Checks on the AMQP frame stream that proton's engine does not make (sans-I/O).
+
+proton decodes frames and keeps endpoint state, but it lets some protocol violations
+through silently: a `begin` on a channel that is already in use opens a second session
+on it, an `attach` reuses a handle that is still attached, an `open` comes twice.  The
+peer then waits, and so does the broker, until the idle timeout.  `FrameGuard` is fed
+the same bytes as the engine (after SASL) and names the first violation, so the
+connection is closed at once with the error AMQP 1.0 gives for it:
+
+* `begin` on a channel in use (§2.5.1: a channel carries one session at a time),
+  `open` twice (§2.4.1): `amqp:not-allowed`;
+* `attach` with a handle in use on its session (§2.6.2, §2.8.16): `amqp:session:handle-in-use`.
+
+It keeps only what it must: the 8-byte frame header, and the body of the few
+performatives it looks into (open, begin, attach, detach, end: small frames).
+Transfer bodies, however large, are skipped without being copied.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from .codec import DecodeError, decode
+
+AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
+
+OPEN, BEGIN, ATTACH, DETACH, END = 0x10, 0x11, 0x12, 0x16, 0x17
+_WATCHED = frozenset((OPEN, BEGIN, ATTACH, DETACH, END))
+_HEADER = struct.Struct(">IBBH")
+# A watched performative's body is read whole; bigger than this it is not a control
+# frame any client sends (the engine's own max-frame-size check applies as well).
+MAX_WATCHED_BODY = 1 << 20
+
+NOT_ALLOWED = "amqp:not-allowed"
+HANDLE_IN_USE = "amqp:session:handle-in-use"
+
+
+class FrameGuard:
+    def __init__(self) -> None:
+        self._buf = bytearray()      # a frame header, or a watched frame being collected
+        self._skip = 0               # bytes of an unwatched frame body still to pass
+        self._header_done = False
+        self._frame: tuple[int, int, int] | None = None   # (size, data offset, channel)
+        self._watched = False        # the current frame's body is being collected
+        self._frame_at = 0           # where in the chunk being fed the current frame began
+        self.violation_at = 0
+        self._opened = False
+        self._handles: dict[int, set[int]] = {}           # channel → handles attached
+
+    def feed(self, data: bytes) -> tuple[str, str] | None:
+        """Bytes as they came from the socket: (condition, description) of the first
+        violation they hold, else None.  Once a violation is found, stop feeding;
+        `violation_at` is where in `data` the offending frame starts (0 when it began
+        in an earlier chunk): the bytes before it are good to hand to the engine."""
+        view = memoryview(data)
+        total = len(data)
+        self._frame_at = 0   # a frame under way began in an earlier chunk
+        while view:
+            if self._skip:
+                n = min(self._skip, len(view))
+                self._skip -= n
+                view = view[n:]
+                continue
+            if self._header_done and self._frame is None and not self._buf:
+                self._frame_at = total - len(view)
+            view = self._take(view)
+            problem = self._step()
+            if problem is not None:
+                self.violation_at = self._frame_at
+                return problem
+            if self._frame is None and not self._buf:
+                self._frame_at = 0
+        return None
+
+    def _take(self, view: memoryview) -> memoryview:
+        """Move as many bytes as the current step needs into the buffer."""
+        if not self._header_done:
+            need = len(AMQP_HEADER)
+        elif self._frame is None:
+            need = _HEADER.size
+        else:
+            size, body_at, _ = self._frame
+            need = size if self._watched else min(size, body_at + 3)
+        n = min(need - len(self._buf), len(view))
+        self._buf += view[:n]
+        return view[n:]
+
+    def _step(self) -> tuple[str, str] | None:
+        buf = self._buf
+        if not self._header_done:
+            if len(buf) == len(AMQP_HEADER):
+                self._header_done = True
+                buf.clear()
+            return None
+        if self._frame is None:
+            if len(buf) < _HEADER.size:
+                return None
+            size, doff, kind, channel = _HEADER.unpack(buf)
+            if size < _HEADER.size or doff < 2:
+                buf.clear()
+                self._skip = 0
+                return None      # malformed: the engine reports it (framing-error)
+            self._frame = (size, doff * 4, channel)
+            if kind != 0 or size == _HEADER.size:   # not an AMQP frame, or an empty one
+                return self._pass()
+            return None
+        size, body_at, channel = self._frame
+        if not self._watched:
+            if len(buf) < min(size, body_at + 3):
+                return None
+            code = buf[body_at + 2] if buf[body_at:body_at + 2] == b"\x00\x53" else None
+            if code not in _WATCHED or size - body_at > MAX_WATCHED_BODY:
+                return self._pass()
+            self._watched = True
+        if len(buf) < size:
+            return None
+        code = buf[body_at + 2]
+        fields = _fields(bytes(buf[body_at + 3:size]))
+        buf.clear()
+        self._frame = None
+        self._watched = False
+        return self._check(code, channel, fields)
+
+    def _pass(self) -> None:
+        """Skip the rest of the current frame (its bytes are not needed)."""
+        size = self._frame[0]
+        self._skip = size - len(self._buf)
+        self._buf.clear()
+        self._frame = None
+        return None
+
+    def _check(self, code: int, channel: int, fields: list) -> tuple[str, str] | None:
+        if code == OPEN:
+            if self._opened:
+                return NOT_ALLOWED, "open received twice on one connection"
+            self._opened = True
+        elif code == BEGIN:
+            if channel in self._handles:
+                return NOT_ALLOWED, f"begin on channel {channel}, which already carries a session"
+            self._handles[channel] = set()
+        elif code == END:
+            self._handles.pop(channel, None)
+        elif code == ATTACH:
+            handles = self._handles.get(channel)
+            handle = _field(fields, 1)
+            if handles is not None and isinstance(handle, int):
+                if handle in handles:
+                    return HANDLE_IN_USE, f"attach with handle {int(handle)}, already in use on channel {channel}"
+                handles.add(handle)
+        elif code == DETACH:
+            handles = self._handles.get(channel)
+            handle = _field(fields, 0)
+            if handles is not None:
+                handles.discard(handle)
+        return None
+
+
+def _fields(body: bytes) -> list:
+    """A performative's fields (a described list); [] when they do not decode (the
+    engine reports that itself)."""
+    try:
+        value, _ = decode(body)
+    except DecodeError:
+        return []
+    return value if isinstance(value, list) else []
+
+
+def _field(fields: list, index: int) -> object:
+    return fields[index] if index < len(fields) else None
+
+
+__all__ = ["FrameGuard", "HANDLE_IN_USE", "NOT_ALLOWED"]
