@@ -1,0 +1,71 @@
+"""Authentication throttling decisions, with a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from amqpbroker.security.throttle import AuthThrottle, source_address
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def throttle(**kw) -> tuple[AuthThrottle, Clock]:
+    clock = Clock()
+    return AuthThrottle(clock=clock, **kw), clock
+
+
+def test_the_first_failures_are_free_then_the_delay_doubles_up_to_a_ceiling():
+    t, _ = throttle(free_failures=3, base_delay=0.5, max_delay=4.0)
+    delays = []
+    for _ in range(9):
+        delays.append(t.delay("10.0.0.1"))
+        t.failed("10.0.0.1")
+    assert delays == [0, 0, 0, 0, 0.5, 1.0, 2.0, 4.0, 4.0]
+    assert t.failures_total == 9 and t.throttled_total == 5
+
+
+def test_other_addresses_are_never_slowed():
+    t, _ = throttle(free_failures=0)
+    for _ in range(20):
+        t.failed("10.0.0.1")
+    assert t.delay("10.0.0.1") > 0
+    assert t.delay("10.0.0.2") == 0
+
+
+def test_success_clears_an_address():
+    t, _ = throttle(free_failures=0)
+    t.failed("a")
+    t.failed("a")
+    t.succeeded("a")
+    assert t.delay("a") == 0 and t.failures("a") == 0
+
+
+def test_an_address_that_stops_failing_is_forgotten():
+    t, clock = throttle(free_failures=0, forget_after=60)
+    t.failed("a")
+    t.failed("a")
+    clock.t += 61
+    assert t.delay("a") == 0
+    assert t.failed("a") == 1          # counting starts afresh
+
+
+def test_memory_stays_bounded_under_a_flood_of_addresses():
+    t, clock = throttle(max_addresses=100)
+    for i in range(1000):
+        clock.t += 0.001
+        t.failed(f"10.0.{i // 256}.{i % 256}")
+    assert len(t._records) <= 100
+    assert t.failures("10.0.3.231") == 1       # the latest is kept
+
+
+@pytest.mark.parametrize("peer, address", [
+    ("127.0.0.1:5672", "127.0.0.1"), ("[::1]:40000", "::1"), ("::1:40000", "::1"), ("unix", "unix"),
+])
+def test_source_address(peer, address):
+    assert source_address(peer) == address
