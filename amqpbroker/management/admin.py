@@ -10,11 +10,12 @@ dicts (the API's pydantic models validate and document them).
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Awaitable, Callable
 
 from proton import Condition
 
@@ -23,10 +24,10 @@ from ..core.exchanges import ExchangeType
 from ..core.queues import Queue
 from ..core.subscriptions import GLOBAL_NAMESPACE, Subscription
 from .expiry import SubscriptionState, is_abandoned
+from .listing import DEFAULT_LIMIT, select_page
+from .pacing import paced, paced_each
+from .port import ManagedBroker, ManagedConnection
 from .rates import RateTracker
-
-if TYPE_CHECKING:
-    from ..server.app import BrokerServer
 
 log = logging.getLogger("amqpbroker.admin")
 
@@ -55,12 +56,50 @@ class Conflict(AdminError):
     status = 409
 
 
+OffLoop = Callable[..., Awaitable[Any]]      # run a plain function in the worker thread
+
+
+async def inline(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+    return fn(*args, **kw)
+
+
+# Fewer names than this are filtered and sorted on the loop: a thread hop costs more.
+INLINE_NAMES = 2000
+
+
+def _totals(q: Queue) -> tuple[str, tuple[int, int, int]]:
+    return q.name, (q.enqueued_total, q.delivered_total, q.acked_total)
+
+
+def _totals_reader(names: list[str], columns: list[list[int]]) -> Callable[[Queue], None]:
+    name, enq, dlv, ack = names.append, columns[0].append, columns[1].append, columns[2].append
+
+    def read(q: Queue) -> None:
+        name(q.name)
+        enq(q.enqueued_total)
+        dlv(q.delivered_total)
+        ack(q.acked_total)
+    return read
+
+
+def _depth(q: Queue) -> int:
+    return q.depth
+
+
+def _select(names: list[str], depths: list[int] | None, **kw: Any) -> tuple[int, list[str]]:
+    """select_page, with the name → depth map built here (in the worker thread: a dict
+    of 50,000 is one C call, ~5 ms the loop need not wait)."""
+    return select_page(names, depths=None if depths is None else dict(zip(names, depths)), **kw)
+
+
 class Admin:
-    def __init__(self, server: "BrokerServer", clock: Callable[[], float] = time.time):
-        self.server = server
-        self.broker = server.broker
-        self.registry = server.subscriptions
+    def __init__(self, managed: ManagedBroker, clock: Callable[[], float] = time.time,
+                 off_loop: OffLoop = inline):
+        self.managed = managed
+        self.broker = managed.broker
+        self.registry = managed.subscriptions
         self.clock = clock
+        self.off_loop = off_loop
         self.rates = RateTracker()
         self._conn_ids: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
         self._next_conn_id = itertools.count(1)
@@ -69,8 +108,17 @@ class Admin:
 
     def sample_rates(self, now: float | None = None) -> None:
         now = self.clock() if now is None else now
-        self.rates.sample(now, {q.name: (q.enqueued_total, q.delivered_total, q.acked_total)
-                                for q in self.broker.queues.values()})
+        self.rates.sample(now, dict(_totals(q) for q in self.broker.queues.values()))
+
+    async def sample_rates_paced(self) -> None:
+        """The periodic sampler: totals copied a slice at a time, rates computed in the
+        worker thread (RateTracker is changed only here, one run at a time, and swaps
+        its results in with one assignment: `rates(name)` on the loop stays safe)."""
+        now = self.clock()
+        names: list[str] = []
+        columns: list[list[int]] = [[], [], []]
+        await paced_each(list(self.broker.queues.values()), _totals_reader(names, columns))
+        await self.off_loop(self.rates.sample_columns, now, names, columns)
 
     # ------------------------------------------------------------------ exchanges
 
@@ -93,7 +141,7 @@ class Admin:
         if durable:
             # Broker.declare_exchange has no store hook (exchanges are otherwise saved
             # with their first durable binding): save it so it survives a restart.
-            self.server.store.save_exchange(name, ex.type.value)
+            self.managed.store.save_exchange(name, ex.type.value)
         log.info("admin: exchange '%s' (%s%s) created", name, ex.type.value, ", durable" if durable else "")
         return self._exchange_view(name)
 
@@ -107,7 +155,7 @@ class Admin:
             raise Conflict(f"exchange '{name}' has {len(ex.bindings)} binding(s); "
                            "use force=true to delete it with them")
         self.broker.delete_exchange(name)
-        self.server.store.delete_exchange(name)
+        self.managed.store.delete_exchange(name)
         log.info("admin: exchange '%s' deleted", name)
 
     def _exchange_view(self, name: str) -> dict:
@@ -131,8 +179,21 @@ class Admin:
             "temporary": q.name.startswith(TEMP_PREFIX),
         }
 
-    def queues(self) -> list[dict]:
-        return [self.queue_view(q) for q in sorted(self.broker.queues.values(), key=lambda q: q.name)]
+    async def queue_page(self, *, offset: int = 0, limit: int = DEFAULT_LIMIT, pattern: str | None = None,
+                         sort: str = "name", subscription: bool | None = None) -> tuple[int, list[dict]]:
+        """(queues matching, views of the page asked for), without holding the loop:
+        names (and depths, to sort by depth) are copied a slice at a time, filtered and
+        sorted in the worker thread, and only the page's queues are viewed."""
+        names = list(self.broker.queues)
+        depths = None
+        if sort == "depth":
+            depths = await paced(list(self.broker.queues.values()), _depth)    # in the order of names
+        subs = set(self.registry.by_queue) if subscription is not None else ()
+        run = self.off_loop if len(names) > INLINE_NAMES else inline
+        total, page = await run(_select, names, depths, pattern=pattern, sort=sort, offset=offset, limit=limit,
+                                subscription_queues=subs, subscription=subscription)
+        queues = [q for q in (self.broker.queues.get(n) for n in page) if q is not None]
+        return total, await paced(queues, self.queue_view)
 
     def queue(self, name: str) -> Queue:
         q = self.broker.queues.get(name)
@@ -314,15 +375,15 @@ class Admin:
             link.condition = Condition(RESOURCE_DELETED, description)
             link.close()
             handler.link_ended(link)        # releases the consumer (closed=false: keeps durables)
-            self.server.forget_link(handler, link)
+            self.managed.forget_link(handler, link)
             handler.protocol.mark_dirty()
             n += 1
         return n
 
-    def _handlers(self) -> list[Any]:
-        return [h for hs in list(self.server.handlers_by_container.values()) for h in hs]
+    def handlers(self) -> list[ManagedConnection]:
+        return [h for hs in list(self.managed.handlers_by_container.values()) for h in hs]
 
-    def connection_id(self, handler: Any) -> int:
+    def connection_id(self, handler: ManagedConnection) -> int:
         cid = self._conn_ids.get(handler)
         if cid is None:
             cid = self._conn_ids[handler] = next(self._next_conn_id)
@@ -330,7 +391,7 @@ class Admin:
 
     def connections(self) -> list[dict]:
         out = []
-        for h in self._handlers():
+        for h in self.handlers():
             p = h.protocol
             out.append({"id": self.connection_id(h), "container_id": h.container_id, "user": p.user,
                         "remote_address": p.peer, "listener": p.listener.name,
@@ -339,7 +400,7 @@ class Admin:
         return sorted(out, key=lambda c: c["id"])
 
     def close_connection(self, conn_id: int, description: str = "closed by an administrator") -> dict:
-        for h in self._handlers():
+        for h in self.handlers():
             if self.connection_id(h) == conn_id:
                 view = next(c for c in self.connections() if c["id"] == conn_id)
                 if not h.ended:
@@ -348,8 +409,8 @@ class Admin:
                     h.protocol.mark_dirty()
                     proto = h.protocol
                     # A peer that never answers the Close loses its socket anyway.
-                    self.server.loop.call_later(
-                        5.0, lambda: proto.abort() if proto in self.server.protocols else None)
+                    self.managed.loop.call_later(
+                        5.0, lambda: proto.abort() if proto in self.managed.protocols else None)
                 log.info("admin: connection %d (%s, container %s) closed", conn_id,
                          view["remote_address"], view["container_id"])
                 return view
@@ -357,24 +418,24 @@ class Admin:
 
     # ------------------------------------------------------------------ overview
 
-    def overview(self) -> dict:
+    async def overview(self) -> dict:
         from .. import __version__
-        handlers = self._handlers()
-        return {"version": __version__, "container_id": self.server.settings.container_id,
+        handlers = self.handlers()
+        depths = await paced(list(self.broker.queues.values()), lambda q: q.depth)
+        return {"version": __version__, "container_id": self.managed.settings.container_id,
                 "queues": len(self.broker.queues), "exchanges": len(self.broker.exchanges),
                 "subscriptions": len(self.registry.by_queue), "connections": len(handlers),
-                "links": sum(h.links for h in handlers),
-                "messages": sum(q.depth for q in self.broker.queues.values()),
+                "links": sum(h.links for h in handlers), "messages": sum(depths),
                 "routed_total": self.broker.routed_total, "unroutable_total": self.broker.unroutable_total,
-                "store_persistent": self.server.store.persistent,
-                "access_control": self.server.access.enabled}
+                "store_persistent": self.managed.store.persistent,
+                "access_control": self.managed.access.enabled}
 
     async def synced(self) -> None:
         """Wait until the store has committed what was queued so far."""
-        store = self.server.store
+        store = self.managed.store
         if not store.persistent:
             return
-        fut = self.server.loop.create_future()
+        fut = asyncio.get_running_loop().create_future()
         store.after_commit(lambda err: fut.done() or fut.set_result(err))
         err = await fut
         if err is not None:

@@ -1,42 +1,51 @@
 """The management REST API (FastAPI), the console's static files and /metrics.
 
 Every endpoint is `async def`: it runs on the broker's event loop, between
-protocol events, so it reads and changes broker state without locks.  Errors are
-JSON `{"error": "..."}` with a 4xx status.  OpenAPI at /openapi.json, docs at /docs.
+protocol events, so it reads and changes broker state without locks; what visits
+every queue does so a slice at a time, and sorting, rendering and JSON-encoding big
+answers happen in the worker thread (service.py, pacing.py).  Errors are JSON
+`{"error": "..."}` with a 4xx status.  OpenAPI at /openapi.json, docs at /docs.
 
-Authentication: with ACLs configured, HTTP basic with the broker's users and the
-`manage` permission (changes: `manage` on the entity's name); without ACLs, only
-loopback clients, unauthenticated.
+Every request first passes `RequestGuard` (Host against DNS rebinding; Origin and
+Content-Type of changes against cross-site requests: request_policy.py), then
+authentication (auth.py).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
+import gzip
+import json
+import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, Any, AsyncIterator, Literal
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, RedirectResponse, Response
+from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..config import is_loopback
-from ..security.acl import MANAGE
 from .admin import AdminError
+from .auth import Principal
 from .expiry import parse_duration
+from .exposition import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from .listing import DEFAULT_LIMIT, MAX_LIMIT, next_link
+from .request_policy import HostPolicy, check_request
 
 if TYPE_CHECKING:
     from .service import Operations
 
+log = logging.getLogger("amqpbroker.management")
+
 STATIC = Path(__file__).parent / "static"
 CONSOLE_FILES = {"index.html": "text/html; charset=utf-8", "console.js": "text/javascript; charset=utf-8",
                  "console.css": "text/css; charset=utf-8"}
-AUTH_CACHE_SECONDS = 60.0
+GZIP_MIN_BYTES = 64 * 1024          # smaller answers are sent as they are
+JSON_INLINE_ITEMS = 200             # bigger lists are encoded in the worker thread
+JSON_CHUNK_ITEMS = 200              # … a chunk per C call, so the loop gets the GIL in between
+SEND_CHUNK_BYTES = 256 * 1024       # bigger answers are written a chunk at a time
 
 
 # ---------------------------------------------------------------------- models
@@ -172,82 +181,53 @@ class OverviewOut(BaseModel):
     user: str | None = None
 
 
-# ---------------------------------------------------------------------- auth
+# ---------------------------------------------------------------------- request guard
 
-class Principal:
-    def __init__(self, user: str | None, groups: frozenset[str], ops: "Operations"):
-        self.user = user
-        self.groups = groups
-        self.ops = ops
+class RequestGuard:
+    """ASGI middleware: `check_request` on every HTTP request, before routing and
+    authentication.  A refusal is logged once, then at most every 10 s with a count
+    (a hostile page can send many)."""
 
-    def require(self, name: str) -> None:
-        """`manage` on this entity (only when ACLs are configured)."""
-        guard = self.ops.server.access
-        if guard.enabled and not guard.policy.allows(self.user, self.groups, MANAGE, name):
-            raise AdminError(f"user '{self.user}' may not manage '{name}'", 403)
+    def __init__(self, app: Any, policy: HostPolicy):
+        self.app = app
+        self.policy = policy
+        self._logged_at = float("-inf")
+        self._unlogged = 0
 
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        has_body = headers.get("content-length", "0").strip() not in ("", "0") or "transfer-encoding" in headers
+        refusal = check_request(self.policy, method=scope["method"], scheme=scope.get("scheme", "http"),
+                                host=headers.get("host"), origin=headers.get("origin"),
+                                content_type=headers.get("content-type"), has_body=has_body)
+        if refusal is None:
+            await self.app(scope, receive, send)
+            return
+        self._log(scope, refusal.error)
+        await JSONResponse({"error": refusal.error}, status_code=refusal.status)(scope, receive, send)
 
-class _Unauthorized(AdminError):
-    status = 401
-
-
-def _authenticator(ops: "Operations"):
-    cache: dict[str, float] = {}
-
-    async def authenticate(request: Request) -> Principal:
-        _same_origin(request)
-        guard = ops.server.access
-        if not guard.enabled:
-            host = request.client.host if request.client else ""
-            if not is_loopback(host):
-                raise AdminError("without access control configured, the management API "
-                                 "answers loopback clients only", 403)
-            return Principal(None, frozenset(), ops)
-        user, password = _basic(request)
-        if user is None:
-            if guard.policy.can_manage_any(None, ()):
-                return Principal(None, frozenset(), ops)
-            raise _Unauthorized("authentication required")
-        token = hashlib.sha256(f"{user}\0{password}".encode()).hexdigest()
+    def _log(self, scope: dict, error: str) -> None:
         now = time.monotonic()
-        if cache.get(token, 0.0) < now:
-            if not ops.server.users.verify_plain(user, password):
-                ops.auth_failures += 1
-                raise _Unauthorized("invalid user name or password")
-            if len(cache) > 1000:
-                cache.clear()
-            cache[token] = now + AUTH_CACHE_SECONDS
-        groups = guard.groups_of(user)
-        if not guard.policy.can_manage_any(user, groups):
-            raise AdminError(f"user '{user}' lacks the manage permission", 403)
-        return Principal(user, groups, ops)
-
-    return authenticate
+        if now - self._logged_at < 10.0:
+            self._unlogged += 1
+            return
+        client = scope.get("client") or ("?", 0)
+        more = f" ({self._unlogged} more since the last line)" if self._unlogged else ""
+        log.warning("management API: refused %s %s from %s: %s%s", scope["method"], scope.get("path", ""),
+                    client[0], error, more)
+        self._logged_at = now
+        self._unlogged = 0
 
 
-def _same_origin(request: Request) -> None:
-    """Changes from another web origin are refused (cross-site request forgery: a page
-    elsewhere could post a form to the loopback API, or reuse the browser's cached
-    basic credentials).  Scripts and the CLI send no Origin header."""
-    if request.method in ("GET", "HEAD", "OPTIONS"):
-        return
-    origin = request.headers.get("origin")
-    if origin is None:
-        return
-    if urlsplit(origin).netloc != request.headers.get("host", ""):
-        raise AdminError(f"cross-origin request from {origin} refused", 403)
-
-
-def _basic(request: Request) -> tuple[str | None, str]:
-    header = request.headers.get("authorization", "")
-    scheme, _, value = header.partition(" ")
-    if scheme.lower() != "basic" or not value:
-        return None, ""
-    try:
-        user, _, password = base64.b64decode(value.strip()).decode("utf-8").partition(":")
-    except (binascii.Error, UnicodeDecodeError):
-        raise _Unauthorized("malformed basic credentials") from None
-    return user, password
+def accepts_gzip(header: str) -> bool:
+    for part in header.lower().split(","):
+        coding, _, params = part.strip().partition(";")
+        if coding.strip() == "gzip":
+            return params.replace(" ", "") not in ("q=0", "q=0.0", "q=0.00", "q=0.000")
+    return False
 
 
 # ---------------------------------------------------------------------- the app
@@ -259,8 +239,27 @@ def build_app(ops: "Operations") -> FastAPI:
                               "running amqpbroker (docs/operations.md).",
                   responses={400: {"model": ErrorBody}, 401: {"model": ErrorBody},
                              403: {"model": ErrorBody}, 404: {"model": ErrorBody},
-                             409: {"model": ErrorBody}})
-    auth = Depends(_authenticator(ops))
+                             409: {"model": ErrorBody}, 415: {"model": ErrorBody},
+                             421: {"model": ErrorBody}})
+    m = ops.settings.management
+    app.add_middleware(RequestGuard, policy=HostPolicy(m.host, m.allowed_hosts))
+    auth = Depends(ops.authenticator)
+
+    async def encoded_text(request: Request, body: bytes) -> Response:
+        headers = {"Vary": "Accept-Encoding"}
+        if len(body) >= GZIP_MIN_BYTES and accepts_gzip(request.headers.get("accept-encoding", "")):
+            body = await ops.off_loop(gzip.compress, body, 6)       # zlib lets go of the GIL
+            headers["Content-Encoding"] = "gzip"
+        return _body_response(body, METRICS_CONTENT_TYPE, headers)
+
+    async def json_list(items: list[dict], headers: dict[str, str]) -> Response:
+        """A JSON array, the way FastAPI writes one, encoded off the loop when long (the
+        views are plain dicts: the worker thread reads nothing live)."""
+        if len(items) <= JSON_INLINE_ITEMS:
+            body = _json_bytes(items)
+        else:
+            body = await ops.off_loop(_json_chunks, items)
+        return _body_response(body, "application/json", headers)
 
     @app.exception_handler(AdminError)
     async def _admin_error(request: Request, exc: AdminError) -> JSONResponse:
@@ -300,14 +299,21 @@ def build_app(ops: "Operations") -> FastAPI:
 
     @app.get("/api/overview", response_model=OverviewOut, tags=["broker"])
     async def overview(principal: Principal = auth) -> dict:
-        return {**admin.overview(), "user": principal.user}
+        return {**await admin.overview(), "user": principal.user}
 
     @app.get("/metrics", tags=["broker"], response_class=Response,
-             summary="Prometheus metrics (text exposition format)")
-    async def metrics(principal: Principal = auth) -> Response:
-        from .metrics import render
-        body, content_type = render(ops)
-        return Response(body, media_type=content_type)
+             summary="Prometheus metrics (text exposition format): broker-wide figures and the "
+                     "series of the deepest queues ([management] metrics_queue_limit)")
+    async def metrics(request: Request, principal: Principal = auth) -> Response:
+        return await encoded_text(request, await ops.metrics.main_text())
+
+    @app.get("/metrics/per-object", tags=["broker"], response_class=Response,
+             summary="Prometheus series of every queue and named subscription (or those matching `name`)")
+    async def metrics_per_object(
+            request: Request,
+            name: str | None = Query(None, description="glob (orders.*) or prefix of queue / subscription names"),
+            principal: Principal = auth) -> Response:
+        return await encoded_text(request, await ops.metrics.per_object_text(name))
 
     # ------------------------------------------------------------------ exchanges
 
@@ -331,9 +337,23 @@ def build_app(ops: "Operations") -> FastAPI:
 
     # ------------------------------------------------------------------ queues
 
-    @app.get("/api/queues", response_model=list[QueueOut], tags=["queues"])
-    async def list_queues(principal: Principal = auth) -> list[dict]:
-        return admin.queues()
+    @app.get("/api/queues", response_model=list[QueueOut], tags=["queues"],
+             summary="A page of queues; the number matching in X-Total-Count, the next page in Link")
+    async def list_queues(
+            request: Request,
+            offset: int = Query(0, ge=0),
+            limit: int = Query(DEFAULT_LIMIT, ge=1, le=MAX_LIMIT),
+            name: str | None = Query(None, description="glob (orders.*) or prefix (orders.)"),
+            sort: Literal["name", "depth"] = Query("name", description="name, or depth (deepest first)"),
+            subscription: bool | None = Query(None, description="only (true) or no (false) subscription queues"),
+            principal: Principal = auth) -> Response:
+        total, views = await admin.queue_page(offset=offset, limit=limit, pattern=name, sort=sort,
+                                              subscription=subscription)
+        headers = {"X-Total-Count": str(total)}
+        link = next_link(request.url.path, dict(request.query_params), total, offset, limit)
+        if link is not None:
+            headers["Link"] = link
+        return await json_list(views, headers)
 
     @app.post("/api/queues", response_model=QueueOut, status_code=201, tags=["queues"])
     async def create_queue(body: QueueIn, principal: Principal = auth) -> dict:
@@ -424,6 +444,30 @@ def build_app(ops: "Operations") -> FastAPI:
         return admin.close_connection(conn_id)
 
     return app
+
+
+def _json_bytes(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+
+
+def _json_chunks(items: list[dict]) -> bytes:
+    parts = [_json_bytes(items[i:i + JSON_CHUNK_ITEMS])[1:-1] for i in range(0, len(items), JSON_CHUNK_ITEMS)]
+    return b"[" + b",".join(parts) + b"]"
+
+
+def _body_response(body: bytes, media_type: str, headers: dict[str, str]) -> Response:
+    """A big body goes out a chunk at a time: handed over whole, the HTTP layer and the
+    transport copy all 20 MB in single calls on the loop (~10 ms each)."""
+    if len(body) <= SEND_CHUNK_BYTES:
+        return Response(body, media_type=media_type, headers=headers)
+
+    async def chunks() -> AsyncIterator[bytes]:
+        view = memoryview(body)
+        for i in range(0, len(body), SEND_CHUNK_BYTES):
+            yield bytes(view[i:i + SEND_CHUNK_BYTES])
+
+    return StreamingResponse(chunks(), media_type=media_type,
+                             headers={**headers, "Content-Length": str(len(body))})
 
 
 def _static(name: str) -> Response:

@@ -4,6 +4,7 @@ Tables (rich) for people, `--json` for scripts.  Exit status: 0 done, 1 the brok
 refused (the API's error is printed), 2 usage error, 3 broker unreachable.
 
     amqpbroker admin queues
+    amqpbroker admin queues --name 'orders.*' --sort depth --limit 20
     amqpbroker admin subscriptions --abandoned --idle 7d
     amqpbroker admin delete-subscription orders-audit --namespace billing-app --force
     amqpbroker admin --url https://broker:8161 --user admin close-connection 12
@@ -23,6 +24,7 @@ from urllib.parse import quote
 from .expiry import format_duration, parse_duration
 
 DEFAULT_URL = "http://127.0.0.1:8161"
+DEFAULT_QUEUE_LIMIT = 100
 
 
 # ---------------------------------------------------------------------- formatting (pure)
@@ -91,7 +93,16 @@ def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
 
 
-def print_table(command: str, data: list[dict], out: Any = None) -> None:
+def title_for(command: str, shown: int, total: int | None = None, offset: int = 0) -> str:
+    """"queues (3)", or for a page of a longer listing "queues (3 of 10; --offset 3 for more)"."""
+    if total is None or (offset == 0 and shown >= total):
+        return f"{command} ({shown})"
+    more = f"; --offset {offset + shown} for more" if offset + shown < total else ""
+    first = f", from {offset + 1}" if offset else ""
+    return f"{command} ({shown} of {total}{first}{more})"
+
+
+def print_table(command: str, data: list[dict], out: Any = None, title: str | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -100,7 +111,7 @@ def print_table(command: str, data: list[dict], out: Any = None) -> None:
     tty = getattr(out, "isatty", lambda: False)()
     # A pipe or file gets the whole table (no folding at 80 columns).
     console = Console(file=out, soft_wrap=False, width=None if tty else 250)
-    table = Table(title=f"{command} ({len(rows)})", title_justify="left")
+    table = Table(title=title or f"{command} ({len(rows)})", title_justify="left")
     numeric = {"depth", "bytes", "consumers", "in/s", "out/s", "enqueued", "delivered", "acked",
                "bindings", "pending", "sessions", "links", "id"}
     for col in cols:
@@ -139,7 +150,13 @@ def _parser() -> argparse.ArgumentParser:
         add_common(sp, False)
         return sp
 
-    cmd("queues", "list queues: depth, bytes, consumers, rates and totals")
+    sp = cmd("queues", "list queues: depth, bytes, consumers, rates and totals (a page at a time)")
+    sp.add_argument("--name", help="only names matching this glob (orders.*) or prefix (orders.)")
+    sp.add_argument("--sort", choices=("name", "depth"), default="name",
+                    help="by name (default) or by depth, deepest first")
+    sp.add_argument("--limit", type=int, default=DEFAULT_QUEUE_LIMIT,
+                    help=f"at most this many queues (default {DEFAULT_QUEUE_LIMIT}, at most 10000)")
+    sp.add_argument("--offset", type=int, default=0, help="skip this many first (the next page)")
     cmd("exchanges", "list exchanges")
     cmd("bindings", "list bindings")
     sp = cmd("subscriptions", "list subscriptions (the abandoned-subscription report with --abandoned)")
@@ -186,10 +203,14 @@ class Client:
             import ssl
             verify = ssl.create_default_context(cafile=args.cacert)
         self.http = httpx.Client(base_url=args.url.rstrip("/"), auth=auth, timeout=args.timeout, verify=verify)
+        self.total: int | None = None       # X-Total-Count of the last listing
 
     def call(self, method: str, path: str, **params: Any) -> Any:
         query = {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in params.items() if v is not None}
-        resp = self.http.request(method, path, params=query)
+        # Changes say they are JSON: the API refuses other content types on them (a
+        # browser cannot send that cross-origin without asking first).
+        headers = {} if method in ("GET", "HEAD") else {"Content-Type": "application/json"}
+        resp = self.http.request(method, path, params=query, headers=headers)
         try:
             body = resp.json()
         except ValueError:
@@ -197,13 +218,16 @@ class Client:
         if resp.status_code >= 400:
             message = body.get("error") if isinstance(body, dict) else None
             raise ApiError(resp.status_code, message or f"HTTP {resp.status_code} {resp.reason_phrase}")
+        total = resp.headers.get("x-total-count")
+        self.total = int(total) if total is not None and total.isdigit() else None
         return body
 
 
 def run(args: argparse.Namespace, client: Client, out: Any) -> int:
     c = args.command
     listing: dict[str, Callable[[], Any]] = {
-        "queues": lambda: client.call("GET", "/api/queues"),
+        "queues": lambda: client.call("GET", "/api/queues", name=args.name, sort=args.sort, limit=args.limit,
+                                      offset=args.offset),
         "exchanges": lambda: client.call("GET", "/api/exchanges"),
         "bindings": lambda: client.call("GET", "/api/bindings"),
         "connections": lambda: client.call("GET", "/api/connections"),
@@ -215,7 +239,7 @@ def run(args: argparse.Namespace, client: Client, out: Any) -> int:
         if args.json:
             print(json.dumps(data, indent=2), file=out)
         else:
-            print_table(c, data, out)
+            print_table(c, data, out, title_for(c, len(data), client.total, getattr(args, "offset", 0)))
         return 0
     if c == "purge":
         result = client.call("POST", f"/api/queues/{quote(args.queue, safe='')}/purge")
@@ -240,6 +264,9 @@ def run(args: argparse.Namespace, client: Client, out: Any) -> int:
 def main(argv: list[str] | None = None, out: Any = None) -> int:
     args = _parser().parse_args(argv)
     out = out or sys.stdout
+    if args.command == "queues" and not (1 <= args.limit <= 10_000 and args.offset >= 0):
+        print("amqpbroker admin: --limit must be 1 to 10000 and --offset 0 or more", file=sys.stderr)
+        return 2
     if args.command == "subscriptions":
         try:
             parse_duration(args.idle)

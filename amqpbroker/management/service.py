@@ -1,52 +1,82 @@
 """Operations running inside the broker: the management listener (FastAPI on
 uvicorn, on the broker's own asyncio loop), the rate sampler and the idle-expiry
-policy runner.  Started by `BrokerServer.start`, stopped by `BrokerServer.stop`."""
+policy runner.  Started by `BrokerServer.start`, stopped by `BrokerServer.stop`.
+
+Everything that reads the broker runs on its loop, a slice at a time where it visits
+every queue (pacing.py); sorting, rendering and encoding of the plain copies runs in
+one worker thread (`off_loop`), so a scrape of 50,000 queues does not stall AMQP.
+One worker: what it does is CPU-bound Python and competes with the loop for the
+GIL, so more workers would only take more from the loop."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import inspect
 import logging
 import socket
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, TypeVar
 
 from ..config import is_loopback
+from ..security.throttle import auth_throttle
 from .admin import Admin, AdminError
+from .auth import Authenticator
 from .expiry import DELETE, ExpiryAction, ExpiryRule, ExpiryTracker, evaluate
-
-if TYPE_CHECKING:
-    from ..server.app import BrokerServer
+from .metrics import Metrics
+from .port import ManagedBroker
 
 log = logging.getLogger("amqpbroker.management")
 
 RATE_INTERVAL = 5.0
 
+R = TypeVar("R")
+
 
 class Operations:
-    def __init__(self, server: "BrokerServer", clock: Callable[[], float] = time.time):
-        self.server = server
-        self.settings = server.settings
+    def __init__(self, managed: ManagedBroker, clock: Callable[[], float] = time.time):
+        self.managed = managed
+        self.settings = managed.settings
         self.clock = clock
-        self.admin = Admin(server, clock)
+        # The broker's own (shared with SASL: one record per address), or one of ours.
+        self.auth_throttle = getattr(managed, "auth_throttle", None) or auth_throttle(self.settings)
+        self.http_auth_failures = 0
+        self._executor: ThreadPoolExecutor | None = None
+        self.admin = Admin(managed, clock, self.off_loop)
+        self.authenticator = Authenticator(self)
+        self.metrics = Metrics(self)
         self.expiry_rules = [ExpiryRule(p.pattern, p.idle, p.max_backlog, p.action, p.match)
                              for p in self.settings.expiry_policies]
         self.expiry_tracker = ExpiryTracker()
         self.expiry_actions: dict[str, int] = {}        # action → count (metrics)
-        self.auth_failures = 0                          # management HTTP basic failures
         self.host: str | None = None
         self.port: int | None = None
         self._http: Any = None
         self._http_task: asyncio.Task | None = None
         self._tasks: list[asyncio.Task] = []
 
+    @property
+    def auth_failures(self) -> int:
+        """Failed HTTP basic authentications (wrong password, unknown user, garbage)."""
+        return self.http_auth_failures
+
+    async def off_loop(self, fn: Callable[..., R], *args: Any, **kw: Any) -> R:
+        """fn(*args, **kw) in the management worker thread.  Only for plain data:
+        never a live broker object (the loop changes those meanwhile)."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="amqpbroker-mgmt")
+        return await asyncio.get_running_loop().run_in_executor(self._executor,
+                                                                functools.partial(fn, *args, **kw))
+
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        loop = self.server.loop
+        loop = self.managed.loop
         if self.settings.management.enabled:
             await self._start_http()
-        self._tasks.append(loop.create_task(self._every(RATE_INTERVAL, self.admin.sample_rates)))
+        self._tasks.append(loop.create_task(self._every(RATE_INTERVAL, self.admin.sample_rates_paced)))
         if self.expiry_rules:
             self._tasks.append(loop.create_task(self._every(self.settings.expiry_interval,
                                                             self.run_expiry)))
@@ -65,12 +95,17 @@ class Operations:
             except (asyncio.TimeoutError, Exception):  # noqa: BLE001 — shutting down regardless
                 self._http_task.cancel()
             self._http = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
 
     async def _every(self, interval: float, fn: Callable[[], Any]) -> None:
         while True:
             await asyncio.sleep(interval)
             try:
-                fn()
+                result = fn()
+                if inspect.isawaitable(result):
+                    await result
             except Exception:  # a bad run must not end the periodic task
                 log.exception("periodic %s failed", getattr(fn, "__name__", fn))
 
@@ -95,7 +130,7 @@ class Operations:
             ssl_keyfile=str(m.key_file) if m.key_file else None)
         server = _EmbeddedServer(config)
         self._http = server
-        self._http_task = self.server.loop.create_task(server.serve(sockets=[sock]))
+        self._http_task = self.managed.loop.create_task(server.serve(sockets=[sock]))
         while not server.started:
             if self._http_task.done():
                 exc = self._http_task.exception()
@@ -104,7 +139,7 @@ class Operations:
         self.host, self.port = m.host, sock.getsockname()[1]
         log.info("management listening on %s:%d (%s)", self.host, self.port,
                  "https" if m.cert_file else "http")
-        if not self.server.access.enabled and not is_loopback(m.host):
+        if not self.managed.access.enabled and not is_loopback(m.host):
             log.warning("management API on %s without access control ([[acl]]): it answers "
                         "loopback clients only", m.host)
 

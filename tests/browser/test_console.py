@@ -164,3 +164,52 @@ def test_console_shows_api_errors(broker, driver):
     assert "consumer(s) attached" in error.text
     assert sub in [s["name"] for s in httpx.get(mgmt + "/api/subscriptions", timeout=10).json()]
     conn.close()
+
+
+def test_console_pages_filters_and_sorts_queues(broker, driver):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    mgmt = f"http://127.0.0.1:{broker.ports['management']}"
+    prefix = uniq("page")
+    with httpx.Client(base_url=mgmt, timeout=10) as c:
+        for i in range(57):
+            assert c.post("/api/queues", json={"name": f"{prefix}-{i:02d}", "durable": False}).status_code == 201
+    conn = connect(broker.url, container_id=uniq("c"))
+    snd = conn.create_sender(f"{prefix}-33")
+    for i in range(4):
+        snd.send(Message(body=i))
+    conn.close()
+
+    def shown():
+        return [r.get_attribute("data-name") for r in driver.find_elements(By.CSS_SELECTOR, "#queues tbody tr")]
+
+    def page_text():
+        return driver.find_element(By.ID, "queue-page").text
+
+    driver.get(mgmt + "/console/")
+    box = wait_for(lambda: driver.find_element(By.ID, "queue-filter"), what="the filter box")
+    box.send_keys(prefix)
+    wait_for(lambda: page_text() == "1–50 of 57", what="the first page of the filtered queues")
+    assert shown() == [f"{prefix}-{i:02d}" for i in range(50)]
+    assert driver.find_element(By.ID, "queue-count").text == "57"
+    assert driver.find_element(By.ID, "queue-prev").get_attribute("disabled") is not None
+
+    driver.find_element(By.ID, "queue-next").click()
+    wait_for(lambda: page_text() == "51–57 of 57", what="the second page")
+    assert shown() == [f"{prefix}-{i:02d}" for i in range(50, 57)]
+    assert driver.find_element(By.ID, "queue-next").get_attribute("disabled") is not None
+
+    Select(driver.find_element(By.ID, "queue-sort")).select_by_value("depth")
+    wait_for(lambda: page_text() == "1–50 of 57" and shown()[:1] == [f"{prefix}-33"], what="deepest first")
+    tr = next(r for r in driver.find_elements(By.CSS_SELECTOR, "#queues tbody tr")
+              if r.get_attribute("data-name") == f"{prefix}-33")
+    assert tr.find_elements(By.TAG_NAME, "td")[1].text == "4"
+
+    box.clear()
+    box.send_keys(f"{prefix}-1?")
+    wait_for(lambda: shown() == [f"{prefix}-{i}" for i in range(10, 20)], what="the glob filter")
+    box.clear()
+    box.send_keys("no-such-queue-anywhere")
+    wait_for(lambda: driver.find_element(By.CSS_SELECTOR, "#queues tbody td.empty").text == "no queue matches",
+             what="the empty result")

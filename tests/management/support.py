@@ -18,6 +18,7 @@ from amqpbroker.server.app import BrokerServer
 from tests.core.helpers import make_message
 
 T0 = 1_700_000_000.0
+BASE_URL = "http://127.0.0.1:8161"     # the Host the in-process API sees
 
 
 class Clock:
@@ -144,7 +145,7 @@ class Harness:
                 client: str | None = None, **kw: Any) -> httpx.Response:
         async def go() -> httpx.Response:
             transport = httpx.ASGITransport(app=self.app, client=(client or self.client_addr, 50000))
-            async with httpx.AsyncClient(transport=transport, base_url="http://mgmt", auth=auth) as c:
+            async with httpx.AsyncClient(transport=transport, base_url=BASE_URL, auth=auth) as c:
                 return await c.request(method, path, **kw)
         return self.loop.run_until_complete(go())
 

@@ -1,26 +1,81 @@
 """Management API access control (loopback-only without ACLs, HTTP basic +
-`manage` with them, cross-origin refusal) and the idle-expiry runner, in process."""
+`manage` with them), the request guard (Host against DNS rebinding, Origin and
+Content-Type of changes), authentication throttling, and the idle-expiry runner,
+in process."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 
-from amqpbroker.config import AclRuleDecl, AnonymousDecl, Settings, StoreConfig, UserConfig
+from amqpbroker.config import AclRuleDecl, AnonymousDecl, LimitsConfig, ManagementConfig, Settings, StoreConfig, UserConfig
 from amqpbroker.core.queues import ExclusivityPolicy
-from tests.management.support import DAY, T0, Harness, error_of, shared_durable_source
+from tests.management.support import BASE_URL, DAY, T0, Harness, error_of, shared_durable_source
 
 
 
 # ---------------------------------------------------------------------- access
 
 def test_cross_origin_changes_are_refused(h):
+    """Changed behaviour: a same-origin change must now say Content-Type:
+    application/json (the console does); body-less changes without Origin (CLI, curl)
+    are still taken."""
     h.broker.declare_queue("victim")
     h.publish("victim", "keep")
     r = h.request("POST", "/api/queues/victim/purge", headers={"Origin": "http://evil.example"})
     assert r.status_code == 403 and "cross-origin" in error_of(r)
+    r = h.request("POST", "/api/queues/victim/purge",
+                  headers={"Origin": "http://evil.example", "Content-Type": "application/json"})
+    assert r.status_code == 403 and "cross-origin" in error_of(r)
     assert h.broker.queues["victim"].depth == 1
     assert h.request("GET", "/api/queues", headers={"Origin": "http://evil.example"}).status_code == 200
-    r = h.request("POST", "/api/queues/victim/purge", headers={"Origin": "http://mgmt"})
-    assert r.status_code == 200, "same origin (the console) is fine"
+    r = h.request("POST", "/api/queues/victim/purge", headers={"Origin": BASE_URL})
+    assert r.status_code == 415 and "application/json" in error_of(r)
+    assert h.broker.queues["victim"].depth == 1
+    r = h.request("POST", "/api/queues/victim/purge",
+                  headers={"Origin": BASE_URL, "Content-Type": "application/json"})
+    assert r.status_code == 200, "same origin with JSON (the console) is fine"
+    assert h.broker.queues["victim"].depth == 0
+
+
+def test_rebound_host_is_refused_before_anything_happens(h):
+    h.broker.declare_queue("victim")
+    h.publish("victim", "keep")
+    evil = {"Host": "evil.example:8161", "Origin": "http://evil.example:8161",
+            "Content-Type": "application/json"}
+    r = h.request("POST", "/api/queues/victim/purge", headers=evil)
+    assert r.status_code == 421 and "allowed_hosts" in error_of(r)
+    assert h.broker.queues["victim"].depth == 1
+    for path in ("/api/queues", "/metrics", "/console/", "/console/console.js", "/openapi.json", "/nothing"):
+        assert h.request("GET", path, headers={"Host": "evil.example"}).status_code == 421, path
+    assert h.request("GET", "/api/queues", headers={"Host": "localhost:8161"}).status_code == 200
+
+
+def test_allowed_hosts_setting():
+    settings = Settings(store=StoreConfig(enabled=False),
+                        management=ManagementConfig(allowed_hosts=["broker.example.com"]))
+    h = Harness(settings)
+    try:
+        h.broker.declare_queue("q")
+        headers = {"Host": "broker.example.com:8161", "Origin": "http://broker.example.com:8161",
+                   "Content-Type": "application/json"}
+        assert h.request("POST", "/api/queues/q/purge", headers=headers).status_code == 200
+        assert h.request("GET", "/api/queues", headers={"Host": "other.example.com"}).status_code == 421
+    finally:
+        h.close()
+
+
+def test_changes_need_json(h):
+    h.broker.declare_queue("q")
+    r = h.request("POST", "/api/queues", data={"name": "formq"})
+    assert r.status_code == 415 and "application/json" in error_of(r)
+    r = h.request("POST", "/api/queues", content=b'{"name": "textq"}', headers={"Content-Type": "text/plain"})
+    assert r.status_code == 415
+    r = h.request("POST", "/api/queues", content=b'{"name": "bareq"}')
+    assert r.status_code == 415, "a body without a content type"
+    assert set(h.broker.queues) == {"q"}
+    assert h.request("POST", "/api/queues", json={"name": "jsonq"}).status_code == 201
+    assert h.request("DELETE", "/api/queues/jsonq").status_code == 200, "body-less, no Origin: the CLI"
 
 
 def test_without_acls_only_loopback_clients(h):
@@ -29,9 +84,10 @@ def test_without_acls_only_loopback_clients(h):
     assert h.request("GET", "/api/queues", client="::1").status_code == 200
 
 
-def acl_harness() -> Harness:
+def acl_harness(**limits) -> Harness:
+    """`limits`: [limits] settings (the authentication throttle's auth_*)."""
     settings = Settings(
-        store=StoreConfig(enabled=False),
+        store=StoreConfig(enabled=False), management=ManagementConfig(), limits=LimitsConfig(**limits),
         users={"root": UserConfig(password="root-pw", groups=["ops"]),
                "mgr": UserConfig(password="mgr-pw"),
                "app": UserConfig(password="app-pw", groups=["apps"])},
@@ -86,6 +142,97 @@ def test_acl_subscription_delete_checks_the_topic():
         mgr = ("mgr", "mgr-pw")
         assert h.request("DELETE", "/api/subscriptions/s2", auth=mgr).status_code == 403
         assert h.request("DELETE", "/api/subscriptions/s1", auth=mgr).status_code == 200
+    finally:
+        h.close()
+
+
+# ---------------------------------------------------------------------- throttling
+
+class Sleeps:
+    """Stands in for asyncio.sleep in the authenticator: records the waits."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.waits.append(seconds)
+
+
+def test_wrong_passwords_slow_down_their_address_only(caplog):
+    h = acl_harness(auth_free_failures=2, auth_base_delay=0.5, auth_max_delay=3.0)
+    sleeps = h.ops.authenticator.sleep = Sleeps()
+    caplog.set_level(logging.WARNING, "amqpbroker.management")
+    try:
+        waits = []
+        for _ in range(7):
+            before = len(sleeps.waits)
+            r = h.request("GET", "/api/queues", auth=("root", "guess"), client="10.0.0.66")
+            assert r.status_code == 401
+            waits.append(sum(sleeps.waits[before:]))
+        assert waits == [0, 0, 0, 0.5, 1.0, 2.0, 3.0], "free failures, then doubling up to the ceiling"
+        # Meanwhile, the right password from another address is not slowed at all …
+        before = len(sleeps.waits)
+        assert h.request("GET", "/api/queues", auth=("root", "root-pw"), client="10.0.0.7").status_code == 200
+        assert h.request("GET", "/api/queues", auth=("app", "nope"), client="10.0.0.7").status_code == 401
+        assert sleeps.waits[before:] == []
+        # … while from the guessing address it waits too, and then clears the address.
+        assert h.request("GET", "/api/queues", auth=("root", "root-pw"), client="10.0.0.66").status_code == 200
+        assert sleeps.waits[-1] == 3.0
+        before = len(sleeps.waits)
+        assert h.request("GET", "/api/queues", auth=("root", "wrong"), client="10.0.0.66").status_code == 401
+        assert sleeps.waits[before:] == []
+        slowed = [r.getMessage() for r in caplog.records if "failed authentications from" in r.getMessage()]
+        assert slowed == ["management API: 3 failed authentications from 10.0.0.66: its next attempts wait "
+                          "(up to 3 s)"], "one line when the address starts being slowed"
+        assert h.ops.auth_failures == 9
+        text = h.request("GET", "/metrics", auth=("root", "root-pw"), client="10.0.0.7").text
+        assert 'amqpbroker_auth_failures_total{listener="management"} 9.0' in text
+        assert 'amqpbroker_auth_throttled_addresses{listener="all"} 0.0' in text
+    finally:
+        h.close()
+
+
+def test_throttled_gauge_and_malformed_credentials_count():
+    h = acl_harness(auth_free_failures=0)
+    h.ops.authenticator.sleep = Sleeps()
+    try:
+        r = h.request("GET", "/api/queues", headers={"Authorization": "Basic !!!"}, client="10.0.0.66")
+        assert r.status_code == 401 and h.ops.auth_failures == 1
+        text = h.request("GET", "/metrics", auth=("root", "root-pw")).text
+        assert 'amqpbroker_auth_throttled_addresses{listener="all"} 1.0' in text
+    finally:
+        h.close()
+
+
+def test_parallel_guesses_from_one_address_are_taken_one_at_a_time():
+    h = acl_harness(auth_free_failures=0, auth_base_delay=1.0)
+    release = asyncio.Event()
+    inside: list[int] = []
+
+    async def held_sleep(seconds: float) -> None:
+        inside.append(1)
+        await release.wait()
+
+    h.ops.authenticator.sleep = held_sleep
+    try:
+        assert h.request("GET", "/api/queues", auth=("root", "x"), client="10.0.0.66").status_code == 401
+
+        async def burst():
+            import httpx
+            transport = httpx.ASGITransport(app=h.app, client=("10.0.0.66", 50000))
+            async with httpx.AsyncClient(transport=transport, base_url=BASE_URL, auth=("root", "x")) as c:
+                tasks = [asyncio.ensure_future(c.get("/api/queues")) for _ in range(12)]
+                while len(inside) < 1 or sum(t.done() for t in tasks) < 4:
+                    await asyncio.sleep(0)
+                done_early = [t.result().status_code for t in tasks if t.done()]
+                assert len(inside) == 1, "one attempt waits its turn at a time"
+                release.set()
+                return done_early, [r.status_code for r in await asyncio.gather(*tasks)]
+
+        early, statuses = h.loop.run_until_complete(burst())
+        assert early == [429] * 4, "beyond 8 queued attempts, answered at once without checking"
+        assert sorted(statuses) == [401] * 8 + [429] * 4
+        assert h.ops.auth_failures == 9
     finally:
         h.close()
 

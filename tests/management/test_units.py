@@ -33,7 +33,16 @@ def test_rates_forget_deleted_and_ignore_counter_resets():
     r.sample(10.0, {"q": (5, 0, 0)})           # the queue was deleted and re-created
     assert r.rates("q") == (0.0, 0.0, 0.0)
     r.sample(20.0, {})
-    assert r.rates("q") == (0.0, 0.0, 0.0) and not r._last
+    assert r.rates("q") == (0.0, 0.0, 0.0) and len(r) == 0
+
+
+def test_rates_from_columns_and_a_clock_going_back():
+    r = RateTracker()
+    r.sample_columns(0.0, ["a", "b"], [[0, 10], [0, 0], [0, 0]])
+    r.sample_columns(2.0, ["b", "c", "a"], [[20, 7, 4], [2, 0, 0], [0, 0, 1]])
+    assert (r.rates("a"), r.rates("b"), r.rates("c")) == ((2.0, 0.0, 0.5), (5.0, 1.0, 0.0), (0.0, 0.0, 0.0))
+    r.sample_columns(1.0, ["a"], [[100], [0], [0]])
+    assert r.rates("a") == (2.0, 0.0, 0.5) and len(r) == 3, "an earlier time is ignored"
 
 
 def test_rates_unknown_name_is_zero():
@@ -130,6 +139,34 @@ def test_cli_options_before_or_after_the_command():
     assert (c.name, c.namespace, c.force, c.durable) == ("s", "ns", True, False)
 
 
+def test_cli_queue_paging_options():
+    a = cli._parser().parse_args(["queues", "--name", "orders.*", "--sort", "depth", "--limit", "5",
+                                  "--offset", "10"])
+    assert (a.name, a.sort, a.limit, a.offset) == ("orders.*", "depth", 5, 10)
+    d = cli._parser().parse_args(["queues"])
+    assert (d.name, d.sort, d.limit, d.offset) == (None, "name", cli.DEFAULT_QUEUE_LIMIT, 0)
+    with pytest.raises(SystemExit):
+        cli._parser().parse_args(["queues", "--sort", "colour"])
+
+
+@pytest.mark.parametrize("argv", [["queues", "--limit", "0"], ["queues", "--limit", "10001"],
+                                  ["queues", "--offset", "-1"]])
+def test_cli_bad_paging_is_a_usage_error(argv, capsys):
+    assert cli.main(argv) == 2
+    assert "--limit" in capsys.readouterr().err
+
+
+def test_table_titles_tell_a_page_from_the_whole():
+    assert cli.title_for("queues", 3) == "queues (3)"
+    assert cli.title_for("queues", 3, 3) == "queues (3)"
+    assert cli.title_for("queues", 3, 10) == "queues (3 of 10; --offset 3 for more)"
+    assert cli.title_for("queues", 3, 10, offset=3) == "queues (3 of 10, from 4; --offset 6 for more)"
+    assert cli.title_for("queues", 1, 10, offset=9) == "queues (1 of 10, from 10)"
+    out = io.StringIO()
+    cli.print_table("queues", [QUEUE], out, cli.title_for("queues", 1, 500))
+    assert "queues (1 of 500; --offset 1 for more)" in out.getvalue()
+
+
 def test_cli_bad_idle_is_a_usage_error(capsys):
     assert cli.main(["subscriptions", "--idle", "later"]) == 2
     assert "--idle" in capsys.readouterr().err
@@ -153,6 +190,9 @@ def test_config_defaults(tmp_path, monkeypatch):
     s = _load(tmp_path, "")
     m = s.management
     assert (m.enabled, m.host, m.port, m.cert_file) == (True, "127.0.0.1", 8161, None)
+    assert (m.allowed_hosts, m.metrics_queue_limit) == ([], 1000)
+    lim = s.limits
+    assert (lim.auth_free_failures, lim.auth_base_delay, lim.auth_max_delay) == (5, 0.2, 10.0)
     assert s.expiry_policies == [] and s.expiry_interval == 60.0 and s.acl == [] and s.anonymous is None
 
 
@@ -161,6 +201,10 @@ def test_config_sections(tmp_path):
 expiry_interval = 5
 [management]
 enabled = false
+allowed_hosts = ["broker.example.com"]
+metrics_queue_limit = 50
+[limits]
+auth_free_failures = 2
 [[expiry_policies]]
 pattern = "orders.*"
 idle = "7d"
@@ -174,6 +218,8 @@ permissions = ["send", "consume", "browse", "manage"]
 permissions = ["consume"]
 """)
     assert s.management.enabled is False and s.expiry_interval == 5
+    assert s.management.allowed_hosts == ["broker.example.com"] and s.management.metrics_queue_limit == 50
+    assert s.limits.auth_free_failures == 2
     p = s.expiry_policies[0]
     assert (p.pattern, p.idle, p.max_backlog, p.action, p.match) == ("orders.*", 7 * 86400, 10000, "delete", "any")
     assert s.acl[0].group == "ops" and s.anonymous.permissions == ["consume"]
@@ -188,6 +234,9 @@ permissions = ["consume"]
     ('[[acl]]\nuser = "a"\npermissions = ["write"]\n', "acl.0.permissions.0"),
     ('[management]\ncert_file = "c.pem"\n', "management"),
     ('[management]\nport = 70000\n', "management.port"),
+    ('[management]\nmetrics_queue_limit = -1\n', "management.metrics_queue_limit"),
+    ('[management]\nallowed_hosts = "broker.example.com"\n', "management.allowed_hosts"),
+    ('[limits]\nauth_max_delay = -1\n', "limits.auth_max_delay"),
 ])
 def test_config_errors_name_the_field(tmp_path, text, field):
     with pytest.raises(ConfigError) as err:

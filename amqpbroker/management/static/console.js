@@ -2,6 +2,8 @@
 "use strict";
 
 const POLL_MS = 2000;
+const QUEUE_PAGE = 50;   // queues per page: the API pages and filters, the console shows one page
+const queueView = { offset: 0, name: "", sort: "name" };
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -14,8 +16,12 @@ function el(tag, attrs, ...children) {
   return node;
 }
 
-async function api(method, path) {
-  const resp = await fetch(path, { method, headers: { Accept: "application/json" }, credentials: "same-origin" });
+async function request(method, path) {
+  const headers = { Accept: "application/json" };
+  // Changes say they are JSON: the broker refuses a browser's change without it (a
+  // page elsewhere could send a form or text/plain without asking first).
+  if (method !== "GET") headers["Content-Type"] = "application/json";
+  const resp = await fetch(path, { method, headers, credentials: "same-origin" });
   let body = null;
   try { body = await resp.json(); } catch (e) { /* not JSON */ }
   if (!resp.ok) {
@@ -23,7 +29,19 @@ async function api(method, path) {
     err.status = resp.status;
     throw err;
   }
-  return body;
+  return { body, headers: resp.headers };
+}
+
+async function api(method, path) {
+  return (await request(method, path)).body;
+}
+
+async function queuePage() {
+  const q = new URLSearchParams({ offset: String(queueView.offset), limit: String(QUEUE_PAGE),
+                                  sort: queueView.sort, subscription: "false" });
+  if (queueView.name) q.set("name", queueView.name);
+  const { body, headers } = await request("GET", `/api/queues?${q}`);
+  return { queues: body, total: Number(headers.get("X-Total-Count") || body.length), offset: queueView.offset };
 }
 
 function showError(message) {
@@ -140,28 +158,37 @@ function connectionRow(c) {
 
 let timer = null;
 let busy = false;
+let again = false;   // asked for while a refresh ran (a new filter, page, sort): run once more at once
 
 async function refresh() {
   clearTimeout(timer);
-  if (busy) { timer = setTimeout(refresh, POLL_MS); return; }
+  if (busy) { again = true; return; }
   busy = true;
   try {
     const idle = document.getElementById("idle").value.trim() || "7d";
-    const [overview, subs, queues, conns] = await Promise.all([
+    const [overview, subs, page, conns] = await Promise.all([
       api("GET", "/api/overview"),
       api("GET", `/api/subscriptions?idle=${encodeURIComponent(idle)}`),
-      api("GET", "/api/queues"),
+      queuePage(),
       api("GET", "/api/connections"),
     ]);
     document.getElementById("overview").textContent =
       `${overview.container_id} ${overview.version} · ${overview.connections} connection(s) · ${overview.messages} message(s)`;
     const abandoned = subs.filter((s) => s.abandoned).length;
     document.getElementById("sub-count").textContent = `${subs.length}` + (abandoned ? ` · ${abandoned} abandoned` : "");
-    const plain = queues.filter((q) => !q.subscription);
-    document.getElementById("queue-count").textContent = `${plain.length}`;
+    const { queues, total, offset } = page;
+    if (offset > 0 && offset >= total && queueView.offset === offset) {   // the last page emptied: go back
+      queueView.offset = Math.max(0, Math.floor((total - 1) / QUEUE_PAGE) * QUEUE_PAGE);
+      again = true;
+    }
+    document.getElementById("queue-count").textContent = `${total}`;
+    document.getElementById("queue-page").textContent = queues.length
+      ? `${offset + 1}–${offset + queues.length} of ${total}` : "";
+    document.getElementById("queue-prev").disabled = offset === 0;
+    document.getElementById("queue-next").disabled = offset + queues.length >= total;
     document.getElementById("conn-count").textContent = `${conns.length}`;
     fill("subscriptions", subs, subscriptionRow, "no subscriptions");
-    fill("queues", plain, queueRow, "no queues");
+    fill("queues", queues, queueRow, queueView.name ? "no queue matches" : "no queues");
     fill("connections", conns, connectionRow, "no connections");
     document.getElementById("status").textContent = `updated ${new Date().toLocaleTimeString()}`;
     document.body.dataset.refreshed = String(Date.now());
@@ -169,9 +196,19 @@ async function refresh() {
     document.getElementById("status").textContent = `error: ${e.message}`;
   } finally {
     busy = false;
-    timer = setTimeout(refresh, POLL_MS);
+    timer = setTimeout(refresh, again ? 0 : POLL_MS);
+    again = false;
   }
 }
 
+function showQueues(change) {
+  Object.assign(queueView, change);
+  refresh();
+}
+
 document.getElementById("idle").addEventListener("change", refresh);
+document.getElementById("queue-filter").addEventListener("input", (e) => showQueues({ name: e.target.value.trim(), offset: 0 }));
+document.getElementById("queue-sort").addEventListener("change", (e) => showQueues({ sort: e.target.value, offset: 0 }));
+document.getElementById("queue-prev").addEventListener("click", () => showQueues({ offset: Math.max(0, queueView.offset - QUEUE_PAGE) }));
+document.getElementById("queue-next").addEventListener("click", () => showQueues({ offset: queueView.offset + QUEUE_PAGE }));
 refresh();
