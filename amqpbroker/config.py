@@ -50,8 +50,21 @@ class LimitsConfig(BaseModel):
     max_frame_size: int = Field(65_536, ge=512)              # AMQP 1.0 §2.7.1 minimum is 512
     max_message_size: int = Field(100 * 1024 * 1024, ge=1024)
     idle_timeout: float = Field(60.0, ge=0)                  # seconds; 0 disables
-    sasl_timeout: float = Field(30.0, gt=0)                  # seconds to finish the SASL handshake
+    sasl_timeout: float = Field(30.0, gt=0)                  # seconds from accept to the AMQP open
+    # Sockets that have not opened their connection yet (header, SASL, open): in all,
+    # and from one source address.  Beyond, new sockets are closed at once.
+    max_handshakes: int = Field(1000, ge=1)
+    max_handshakes_per_address: int = Field(100, ge=1)
+    # Failed authentications from one address (SASL and the management API's basic
+    # auth together) before its next attempts wait; the first wait, doubling per
+    # failure up to the longest (security/throttle.py).
+    auth_free_failures: int = Field(5, ge=0)
+    auth_base_delay: float = Field(0.2, ge=0)
+    auth_max_delay: float = Field(10.0, ge=0)
     link_credit: int = Field(1000, ge=1)                     # credit granted to producers
+    # Deliveries a consumer link may hold unsettled; beyond, nothing more is sent on it
+    # until it settles some, whatever credit it granted (memory stays bounded).
+    max_unsettled_per_link: int = Field(10_000, ge=1)
     # Characters of a JMS selector in an attach (parsing costs ~4 µs a character, on
     # the loop every client shares); longer ones are refused amqp:invalid-field.
     max_selector_length: int = Field(4096, ge=16)
@@ -65,6 +78,9 @@ class PolicyConfig(BaseModel):
     max_delivery_attempts: int = Field(0, ge=0)              # 0: unlimited
     dead_letter_address: str | None = None
     max_consumers_per_subscription: int = Field(0, ge=0)     # 0: unlimited
+    # Queues one user's addresses may create (auto_create_queues), anonymous counted
+    # as one user; beyond, the attach or message gets resource-limit-exceeded. 0: unlimited
+    max_queues_per_user: int = Field(0, ge=0)
 
 
 class StoreConfig(BaseModel):
@@ -105,6 +121,13 @@ class ManagementConfig(BaseModel):
     port: int = Field(8161, ge=0, le=65535)                  # 0: a free port, logged
     cert_file: Path | None = None                            # both set: HTTPS
     key_file: Path | None = None
+    # Host names the listener answers to besides IP addresses and localhost (and `host`
+    # when it is a name): a DNS name of the broker, a reverse proxy's.  Any other Host
+    # header is refused 421 (DNS rebinding: management/request_policy.py).
+    allowed_hosts: list[str] = []
+    # /metrics carries per-queue series for at most this many queues (the deepest) and
+    # as many subscriptions; /metrics/per-object carries all of them.
+    metrics_queue_limit: int = Field(1000, ge=0)
 
     @model_validator(mode="after")
     def _tls_pair(self) -> "ManagementConfig":

@@ -7,6 +7,7 @@ through the `ConsumerPort` of their consumers.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -26,6 +27,10 @@ BUILTIN_EXCHANGES = (
 )
 
 
+class QueueLimit(Exception):
+    """A user reached policy.max_queues_per_user (amqp:resource-limit-exceeded)."""
+
+
 @dataclass
 class BrokerPolicy:
     auto_create_queues: bool = True
@@ -33,6 +38,7 @@ class BrokerPolicy:
     dead_letter_address: str | None = None  # queue or exchange[/key]
     max_consumers_per_subscription: int = 0  # 0: unlimited
     topic_exchange: str = "amq.topic"
+    max_queues_per_user: int = 0             # queues an address may create per user; 0: unlimited
 
 
 class Broker:
@@ -45,6 +51,11 @@ class Broker:
         self.unroutable_total = 0
         for name, kind in BUILTIN_EXCHANGES:
             self.exchanges[name] = Exchange(name, kind, durable=True, builtin=True)
+        # Runs a callable at the next loop turn (set by the server; queues dispatch in
+        # slices with it): None dispatches everything at once.
+        self.defer: Callable[[Callable[[], None]], Any] | None = None
+        self.created_by: dict[str, int] = {}   # user → queues its addresses created (this run)
+        self.timers: set[Queue] = set()        # queues holding scheduled (delayed) entries
         # Temporary (dynamic) queues and topic exchanges → the connection that made them.
         self.temporaries: dict[str, Any] = {}
         # Hooks for the store (durable entities) — set by the persistence layer.
@@ -87,12 +98,31 @@ class Broker:
             max_delivery_attempts=(self.policy.max_delivery_attempts
                                    if max_delivery_attempts is None else max_delivery_attempts),
             max_consumers=max_consumers,
-            dead_letter=lambda entry, reason, _q=name: self._dead_letter(_q, entry, reason),
+            dead_letter=functools.partial(self._dead_letter, name),
             clock=self.clock,
         )
+        queue.defer = self.defer
+        queue.timers = self.timers
         self.queues[name] = queue
         if self.on_queue_declared is not None:
             self.on_queue_declared(queue)
+        return queue
+
+    def auto_create(self, name: str, creator: str | None) -> Queue:
+        """A queue an address names into being (policy.auto_create_queues: an attach,
+        or a message to an unknown `to`): durable, as a configured queue is, and counted
+        against the user whose client named it (policy.max_queues_per_user), so one
+        client cannot fill the broker with queues.  Raises QueueLimit."""
+        existing = self.queues.get(name)
+        if existing is not None:
+            return existing
+        limit = self.policy.max_queues_per_user
+        who = creator or "anonymous"
+        if limit and self.created_by.get(who, 0) >= limit:
+            raise QueueLimit(f"user '{who}' has created {limit} queues (policy.max_queues_per_user)")
+        queue = self.declare_queue(name, durable=True)
+        queue.creator = who
+        self.created_by[who] = self.created_by.get(who, 0) + 1
         return queue
 
     def declare_temporary(self, name: str, creator: Any, *, topic: bool = False) -> None:
@@ -123,6 +153,12 @@ class Broker:
                     self.on_binding_changed(binding, False)
         queue.purge()
         queue.deleted = True
+        if queue.creator is not None:
+            left = self.created_by.get(queue.creator, 1) - 1
+            if left > 0:
+                self.created_by[queue.creator] = left
+            else:
+                self.created_by.pop(queue.creator, None)
         if self.on_queue_deleted is not None:
             self.on_queue_deleted(queue)
         return queue
@@ -181,15 +217,16 @@ class Broker:
 
     # ------------------------------------------------------------------ routing
 
-    def publish(self, msg: Message, target: Resolution) -> list[Queue]:
-        """Route a message to every queue the target reaches; return those queues."""
+    def publish(self, msg: Message, target: Resolution, creator: str | None = None) -> list[Queue]:
+        """Route a message to every queue the target reaches; return those queues.
+        `creator`: the user a queue the target names into being is counted against."""
         if target.kind is AddressKind.QUEUE:
             queue = self.queues.get(target.name)
             if queue is None:  # deleted since the link attached
                 raise AddressNotFound(target.name, f"queue '{target.name}' no longer exists")
             queues = [queue]
         elif target.kind is AddressKind.NEW_QUEUE:
-            queues = [self.declare_queue(target.name)]
+            queues = [self.auto_create(target.name, creator)]
         else:
             queues = self.route(target.name, target.key, msg)
         if not queues:
@@ -223,12 +260,20 @@ class Broker:
     # ------------------------------------------------------------------ timers
 
     def next_wakeup(self) -> float | None:
-        times = [t for q in self.queues.values() if (t := q.next_wakeup()) is not None]
-        return min(times) if times else None
+        """The earliest delivery time of a scheduled entry, visiting only the queues
+        that have some (called once per loop turn: not a walk over every queue)."""
+        earliest = None
+        for queue in list(self.timers):
+            t = queue.next_wakeup()
+            if t is None or queue.deleted:
+                self.timers.discard(queue)
+            elif earliest is None or t < earliest:
+                earliest = t
+        return earliest
 
     def tick(self, now: float | None = None) -> None:
         now = self.clock() if now is None else now
-        for queue in list(self.queues.values()):
+        for queue in list(self.timers):
             queue.promote_due(now)
 
     def sweep_expired(self, now: float | None = None) -> int:

@@ -15,9 +15,10 @@ import logging
 import time
 from typing import Any, Callable
 
-from .entries import PRIORITY_LEVELS, ConsumerPort, Entry, ReadyList
+from .entries import PRIORITY_LEVELS, ConsumerPort, Entry, ReadyList, StoreHooks
 from .policies import ExclusivityPolicy, LifetimePolicy
 from .message import Message
+from .paging import PagedRegion
 from .settlement import LateAction, Outcome, Place, late_outcome
 
 log = logging.getLogger("amqpbroker.queue")
@@ -26,9 +27,26 @@ __all__ = ["ConsumerPort", "Entry", "ExclusivityPolicy", "LifetimePolicy", "Outc
            "ReadyList", "PRIORITY_LEVELS"]
 
 
-class Queue:
-    page_in_low = 1000       # page in when fewer entries than this are ready in memory
-    page_in_batch = 2000     # entries per page-in (and the window built at recovery)
+PAGE_IN_LOW = 1000       # page in when fewer entries than this are ready in memory
+PAGE_IN_BATCH = 2000     # entries per page-in (and the window built at recovery)
+
+# Hand-overs, and message bytes, per dispatch call before the rest waits for the next
+# loop turn (the bytes bound what one turn puts in a connection's output at once).
+DISPATCH_SLICE = 256
+DISPATCH_SLICE_BYTES = 4 << 20
+
+
+class Queue(PagedRegion):
+    # Slots, not a __dict__: 50,000 idle queues must stay small (≤ 2 KB each).
+    __slots__ = (
+        "_again", "_browsers", "_deferred", "_delayed", "_dispatching", "_groups", "_pending_page",
+        "_ready", "_rr", "_seq", "_slice", "_slice_bytes", "acked_total", "acquired", "bytes",
+        "clock", "consumers", "created_at", "creator", "dead_letter", "dead_lettered_total", "defer",
+        "deleted", "delivered_total", "durable", "enqueued_total", "exclusivity", "expired_total",
+        "hooks", "last_consumer_at", "last_delivered_at", "lifetime", "max_consumers",
+        "max_delivery_attempts", "mem_bytes", "memory_budget", "name", "owner", "page_cursor",
+        "page_in_batch", "page_in_low", "paged_bytes", "paged_count", "store_id", "timers", "unreadable_total",
+    )
 
     def __init__(
         self,
@@ -44,6 +62,8 @@ class Queue:
         owner: Any = None,
     ):
         self.name = name
+        self.page_in_low = PAGE_IN_LOW
+        self.page_in_batch = PAGE_IN_BATCH
         self.durable = durable
         self.exclusivity = exclusivity
         self.lifetime = lifetime
@@ -52,6 +72,7 @@ class Queue:
         self.dead_letter = dead_letter
         self.clock = clock
         self.owner = owner          # session/connection the lifetime is tied to
+        self.creator: str | None = None   # the user whose address created it (Broker.auto_create)
         self.deleted = False
         self.consumers: list[ConsumerPort] = []
         self._browsers = 0
@@ -62,6 +83,13 @@ class Queue:
         self._rr = 0
         self._dispatching = False
         self._again = False
+        # Bounded dispatch: `defer(fn)` runs fn at the next loop turn (the server sets
+        # it: loop.call_soon); None (pure use, tests) dispatches without slices.
+        self.defer: Callable[[Callable[[], None]], Any] | None = None
+        self.timers: set | None = None   # the broker's queues with scheduled entries
+        self._slice = -1
+        self._slice_bytes = 0
+        self._deferred = False
         # Statistics (management API, metrics).
         self.acquired = 0
         self.bytes = 0
@@ -78,31 +106,16 @@ class Queue:
         # entries drop their body once stored and `loader` reads it back on dispatch.
         self.memory_budget = 0
         self.mem_bytes = 0
-        self.loader: Callable[[Entry], Message] | None = None
-        self.on_page_out: Callable[[Entry], None] | None = None
-        # The paged region: once over the budget, new persistent entries are not kept
-        # in memory at all.  They live only in the store, after `page_cursor` (the last
-        # sequence moved into memory), FIFO by sequence whatever their priority, and are
-        # read back `page_in_batch` at a time when fewer than `page_in_low` are ready.
-        # Until its store commit an entry waits in `_pending_page` (seq -> Entry);
-        # `on_page_out(entry)` arranges `page_committed(seq, error)` after the commit.
-        # Non-persistent messages are never paged: they may overtake paged ones.
-        # Browsers, selectors, TTL sweeps and scheduled delivery see the in-memory
-        # window only (a paged entry expires, or waits for its time, once paged in).
+
+        # The paged region (core/paging.py): persistent entries beyond the budget
+        # live only in the store, after `page_cursor`, until they are paged in.
         self.paged_count = 0
         self.paged_bytes = 0
         self.page_cursor = 0
         self._pending_page: dict[int, Entry] = {}
-        self.page_reader: Callable[[int, int], list[Entry]] | None = None
-        # drop_paged(after, below, skip) removes store-only entries after `after` (and
-        # below `below`; None: all) except the sequences in `skip`: (count, bytes).
-        self.drop_paged: Callable[[int, int | None, set[int]], tuple[int, int]] | None = None
         # Durability hooks, set by the store layer on durable queues.
         self.store_id: int | None = None
-        self.on_enqueue: Callable[[Entry], None] | None = None
-        self.on_remove: Callable[[Entry], None] | None = None
-        self.on_deliver: Callable[[Entry], None] | None = None
-        self.on_return: Callable[[Entry], None] | None = None
+        self.hooks: StoreHooks | None = None
 
     # ------------------------------------------------------------------ counts
 
@@ -138,15 +151,16 @@ class Queue:
         self.bytes += msg.size
         self.mem_bytes += msg.size
         self.enqueued_total += 1
-        if self.on_enqueue is not None:
-            self.on_enqueue(entry)
-            if (self.memory_budget and entry.store_ref is not None and self.on_page_out is not None
+        hooks = self.hooks
+        if hooks is not None:
+            hooks.entry_added(self, entry)
+            if (self.memory_budget and entry.store_ref is not None
                     and (self.paged_count or self.mem_bytes > self.memory_budget)):
                 self._page(entry)
                 self.dispatch()
                 return entry
         if entry.deliver_at is not None and entry.deliver_at > self.clock():
-            heapq.heappush(self._delayed, (entry.deliver_at, entry.seq, entry))
+            self._schedule(entry)
         else:
             self._ready.push(entry)
             self.dispatch()
@@ -158,108 +172,17 @@ class Queue:
         if entry.msg is not None:
             self.mem_bytes += entry.size
         if entry.deliver_at is not None and entry.deliver_at > self.clock():
-            heapq.heappush(self._delayed, (entry.deliver_at, entry.seq, entry))
+            self._schedule(entry)
         else:
             self._ready.push(entry)
 
-    def restore_paged(self, cursor: int, count: int, size: int) -> None:
-        """Recovery: `count` stored entries (`size` bytes) after sequence `cursor` stay
-        in the store only (the paged region)."""
-        self.page_cursor = cursor
-        self.paged_count += count
-        self.paged_bytes += size
-        self.bytes += size
-
-    # ------------------------------------------------------------------ paging
-
-    def _page(self, entry: Entry) -> None:
-        """Put a new stored entry in the paged region: held until its commit, then gone
-        from memory (the body's bytes stay in `mem_bytes` until then)."""
-        if not self.paged_count:
-            self.page_cursor = entry.seq - 1   # every stored entry after it is paged
-        self._pending_page[entry.seq] = entry
-        self.paged_count += 1
-        self.paged_bytes += entry.size
-        self.on_page_out(entry)
-
-    def page_committed(self, seq: int, error: BaseException | None = None) -> None:
-        """The store committed a paged entry: forget it (unless paged in meanwhile).
-        After a failed commit it stays pending (lost entries are discarded first)."""
-        if error is None:
-            entry = self._pending_page.pop(seq, None)
-            if entry is not None and entry.msg is not None:
-                self.mem_bytes -= entry.size
-
-    def _page_in(self) -> int:
-        """Move the next entries of the paged region into memory, in sequence order
-        (`page_reader` reads bodies while the budget has room; `_load` reads the rest
-        on dispatch).  Committed ones come from the store;
-        one still pending is taken as it is, and so are entries whose commit is in
-        flight once the store has nothing more."""
-        pending = self._pending_page
-        want = self.page_in_batch
-        entries: list[Entry] = []
-        if self.paged_count > len(pending) and self.page_reader is not None:
-            entries = self.page_reader(self.page_cursor, want)
-        if len(entries) < want and pending:
-            last = entries[-1].seq if entries else self.page_cursor
-            for s, e in pending.items():   # insertion order is sequence order
-                if s > last:
-                    entries.append(e)
-                    if len(entries) >= want:
-                        break
-        if not entries:
-            if not pending:   # nothing left to read: the count was off
-                log.warning("queue %s: %d paged entr(y/ies) not found in the store", self.name, self.paged_count)
-                self.bytes -= self.paged_bytes
-                self.paged_count = self.paged_bytes = 0
-            return 0
-        now = self.clock()
-        for entry in entries:
-            held = pending.pop(entry.seq, None)
-            if held is not None:
-                entry = held           # its body is counted in mem_bytes already
-            elif entry.msg is not None:
-                self.mem_bytes += entry.size
-            self.paged_count -= 1
-            self.paged_bytes -= entry.size
-            self.page_cursor = entry.seq
-            if entry.expires_at is not None and entry.expires_at <= now:
-                self._expire(entry)
-            elif entry.deliver_at is not None and entry.deliver_at > now:
-                heapq.heappush(self._delayed, (entry.deliver_at, entry.seq, entry))
-            else:
-                self._ready.push(entry)
-        return len(entries)
-
-    def _drop_paged(self, below: int | None = None, *, acked: bool = False) -> int:
-        """Remove the paged entries (all, or those with a sequence below `below`):
-        pending ones like any entry, store-only ones through `drop_paged`."""
-        if not self.paged_count or (below is not None and below <= self.page_cursor + 1):
-            return 0
-        pending = self._pending_page
-        store_only = self.paged_count - len(pending)
-        gone = [e for s, e in pending.items() if below is None or s < below]
-        for entry in gone:
-            del pending[entry.seq]
-        n = size = 0
-        if store_only and self.drop_paged is not None:
-            n, size = self.drop_paged(self.page_cursor, below, {e.seq for e in gone})
-        self.paged_count -= n + len(gone)
-        self.paged_bytes -= size + sum(e.size for e in gone)
-        self.bytes -= size
-        if below is None:
-            self.bytes -= self.paged_bytes   # whatever the store no longer had
-            self.paged_count = self.paged_bytes = 0
-        elif below - 1 > self.page_cursor:
-            self.page_cursor = below - 1
-        for entry in gone:
-            if acked:
-                self.acked_total += 1
-            self._drop(entry)
-        if acked:
-            self.acked_total += n
-        return n + len(gone)
+    def _schedule(self, entry: Entry) -> None:
+        """Hold an entry until its delivery time; the broker's set of queues with
+        scheduled entries (`timers`) lets it find the next wake-up without visiting
+        every queue."""
+        heapq.heappush(self._delayed, (entry.deliver_at, entry.seq, entry))
+        if self.timers is not None:
+            self.timers.add(self)
 
     def next_wakeup(self) -> float | None:
         return self._delayed[0][0] if self._delayed else None
@@ -303,7 +226,10 @@ class Queue:
         for group, owner in list(self._groups.items()):
             if owner is consumer:
                 del self._groups[group]
-        for entry in sorted(unsettled, key=lambda e: e.seq):
+        # Newest first: the entries a consumer held are usually older than every one
+        # still waiting, so each goes to the front of its level (appendleft) instead
+        # of being searched into a deque, which costs O(n) per probe.
+        for entry in sorted(unsettled, key=lambda e: e.seq, reverse=True):
             if entry.consumer is consumer:
                 self._return(entry, delivery_failed=failed)
         if self.consumers:
@@ -312,19 +238,37 @@ class Queue:
     # ------------------------------------------------------------------ dispatch
 
     def dispatch(self) -> None:
-        """Hand ready entries to consumers with credit, round-robin."""
+        """Hand ready entries to consumers with credit, round-robin; at most
+        DISPATCH_SLICE of them per call when the queue can `defer` the rest to the
+        next loop turn.  Every connection shares the loop: a credit of a million on a
+        deep backlog must not be served in one go while the others wait (and the
+        deliveries' store writes stay small batches)."""
         if self._dispatching:
             self._again = True
             return
+        if self._deferred:
+            return   # this turn's slice is used up: the deferred call goes on next turn
         self._dispatching = True
+        self._slice = DISPATCH_SLICE if self.defer is not None else -1
+        self._slice_bytes = DISPATCH_SLICE_BYTES
         try:
             while True:
                 self._again = False
                 self._dispatch_round()
+                if self._slice == 0:
+                    if not self._deferred:
+                        self._deferred = True
+                        self.defer(self._resume)
+                    break
                 if not self._again:
                     break
         finally:
             self._dispatching = False
+
+    def _resume(self) -> None:
+        self._deferred = False
+        if not self.deleted:
+            self.dispatch()
 
     def _dispatch_round(self) -> None:
         consumers = self.consumers
@@ -332,7 +276,7 @@ class Queue:
             self._page_in()
         if self.browsers:
             self._browse()
-        while (self._ready or self.paged_count) and consumers:
+        while (self._ready or self.paged_count) and consumers and self._slice:
             if self.paged_count and len(self._ready) < self.page_in_low:
                 if not self._page_in() and not self._ready:
                     return
@@ -365,7 +309,7 @@ class Queue:
             cursor = consumer.browse_cursor
             fresh = sorted((e for e in self._ready if e.seq > cursor), key=lambda e: e.seq)
             for entry in fresh:
-                if credit <= 0:
+                if credit <= 0 or not self._slice:
                     break
                 consumer.browse_cursor = entry.seq
                 if entry.msg is None and not self._load(entry):
@@ -374,6 +318,7 @@ class Queue:
                     continue
                 consumer.deliver_copy(entry)
                 credit -= 1
+                self._slice -= 1
 
     def _take_for(self, consumer: ConsumerPort) -> Entry | None:
         now = self.clock()
@@ -422,7 +367,7 @@ class Queue:
         if entry.msg is not None:
             return True
         try:
-            entry.msg = self.loader(entry)
+            entry.msg = self.hooks.load_body(entry)
         except Exception as exc:  # the loader's errors are the store's and the parser's
             log.error("queue %s: message seq=%d cannot be read back (%s: %s); dropped",
                       self.name, entry.seq, type(exc).__name__, exc)
@@ -438,13 +383,17 @@ class Queue:
         if entry.msg is None and not self._load(entry):
             return
         entry.consumer = consumer
+        self._slice -= 1
+        self._slice_bytes -= entry.size
+        if self._slice_bytes <= 0 and self._slice > 0:
+            self._slice = 0
         if entry.group is not None:
             self._groups.setdefault(entry.group, consumer)
         self.acquired += 1
         self.delivered_total += 1
         self.last_delivered_at = self.clock()
-        if entry.store_ref is not None and self.on_deliver is not None:
-            self.on_deliver(entry)
+        if entry.store_ref is not None and self.hooks is not None:
+            self.hooks.entry_updated(self, entry, True)
         consumer.deliver(entry)
 
     # ------------------------------------------------------------------ outcomes
@@ -499,9 +448,8 @@ class Queue:
             self._ready.remove(entry)
             self._dead_letter(entry, f"delivery attempts reached {self.max_delivery_attempts}")
             return
-        hook = self.on_deliver if held else self.on_return
-        if entry.store_ref is not None and hook is not None:
-            hook(entry)
+        if entry.store_ref is not None and self.hooks is not None:
+            self.hooks.entry_updated(self, entry, held)
 
     def _release_hold(self, entry: Entry) -> None:
         entry.consumer = None
@@ -514,8 +462,8 @@ class Queue:
             if self.max_delivery_attempts and entry.delivery_count >= self.max_delivery_attempts:
                 self._dead_letter(entry, f"delivery attempts reached {self.max_delivery_attempts}")
                 return
-        if entry.store_ref is not None and self.on_return is not None:
-            self.on_return(entry)
+        if entry.store_ref is not None and self.hooks is not None:
+            self.hooks.entry_updated(self, entry, False)
         self._ready.push(entry)
 
     def _expire(self, entry: Entry) -> None:
@@ -535,8 +483,8 @@ class Queue:
         self.bytes -= entry.size
         if entry.msg is not None:
             self.mem_bytes -= entry.size
-        if self.on_remove is not None:
-            self.on_remove(entry)
+        if self.hooks is not None:
+            self.hooks.entry_removed(self, entry)
 
     # ------------------------------------------------------------------ admin
 
@@ -574,11 +522,7 @@ class Queue:
         """Acknowledge by sequence (a log reader's `ack-below`): remove every ready
         and scheduled entry with a sequence number below `seq`.  Entries acquired by
         a consumer stay with it.  The durability hook deletes their store entries."""
-        removed = []
-        for level in self._ready._levels:
-            while level and level[0].seq < seq:
-                removed.append(level.popleft())
-        self._ready._count -= len(removed)
+        removed = self._ready.pop_below(seq)
         if any(e.seq < seq for _, _, e in self._delayed):
             removed += [e for _, _, e in self._delayed if e.seq < seq]
             self._delayed = [d for d in self._delayed if d[2].seq >= seq]

@@ -52,18 +52,35 @@ class FrameGuard:
         violation they hold, else None.  Once a violation is found, stop feeding;
         `violation_at` is where in `data` the offending frame starts (0 when it began
         in an earlier chunk): the bytes before it are good to hand to the engine."""
-        view = memoryview(data)
         total = len(data)
+        pos = 0
         self._frame_at = 0   # a frame under way began in an earlier chunk
-        while view:
+        unpack = _HEADER.unpack_from
+        while pos < total:
             if self._skip:
-                n = min(self._skip, len(view))
+                n = min(self._skip, total - pos)
                 self._skip -= n
-                view = view[n:]
+                pos += n
                 continue
+            if self._header_done and self._frame is None and not self._buf and total - pos >= 11:
+                # Fast path (every transfer): a whole header and the performative code
+                # are in this chunk, and the frame is not one to look into: step over it.
+                size, doff, kind, _ = unpack(data, pos)
+                body_at = pos + doff * 4
+                if size >= _HEADER.size and doff >= 2 and (
+                        kind != 0 or size == _HEADER.size
+                        or (body_at + 3 <= total and (data[body_at + 2] not in _WATCHED
+                                                      or data[body_at] != 0 or data[body_at + 1] != 0x53))):
+                    end = pos + size
+                    if end > total:
+                        self._skip = end - total
+                        return None
+                    pos = end
+                    continue
             if self._header_done and self._frame is None and not self._buf:
-                self._frame_at = total - len(view)
-            view = self._take(view)
+                self._frame_at = pos
+            rest = self._take(memoryview(data)[pos:])
+            pos = total - len(rest)
             problem = self._step()
             if problem is not None:
                 self.violation_at = self._frame_at

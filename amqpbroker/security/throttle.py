@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 
 @dataclass
@@ -99,4 +99,12 @@ def source_address(peer: str) -> str:
     return host if sep and port.isdigit() else peer
 
 
-__all__ = ["AuthThrottle", "source_address"]
+def auth_throttle(settings: Any) -> AuthThrottle:
+    """The broker's throttle, from `[limits] auth_*`: one record per address for every
+    way to authenticate (SASL, HTTP basic), so a guesser gains nothing by switching."""
+    lim = settings.limits
+    return AuthThrottle(free_failures=lim.auth_free_failures, base_delay=lim.auth_base_delay,
+                        max_delay=lim.auth_max_delay)
+
+
+__all__ = ["AuthThrottle", "auth_throttle", "source_address"]

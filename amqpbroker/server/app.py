@@ -14,15 +14,18 @@ from proton import Condition, Link
 
 from ..config import ClientIdPolicy, Settings, anonymous_allowed, plain_allowed
 from ..core.broker import Broker, BrokerPolicy
+from ..core.handshakes import HandshakeGate
 from ..core.registry import SubscriptionRegistry, subscription_filter
 from ..core.transactions import TransactionRegistry
 from ..security.guard import UNAUTHORIZED, AccessGuard
+from ..security.throttle import auth_throttle
 from ..security.users import UserStore
 from ..store.base import Store
 from ..store.durability import DurabilityManager
 from ..store.lmdb_store import LmdbStore
 from .engine import AmqpProtocol
 from .peer_fields import symbols
+from .resources import ResourceWatch
 from .refusal import AttachRefused
 from .sasl import SaslPolicy
 
@@ -52,7 +55,9 @@ class BrokerServer:
             max_delivery_attempts=p.max_delivery_attempts,
             dead_letter_address=p.dead_letter_address,
             max_consumers_per_subscription=p.max_consumers_per_subscription,
+            max_queues_per_user=p.max_queues_per_user,
         ))
+        self.broker.defer = self.loop.call_soon   # queues dispatch in slices, one per loop turn
         self.subscriptions = SubscriptionRegistry(self.broker, subscription_filter)
         self.transactions = TransactionRegistry()
         st = settings.store
@@ -69,11 +74,18 @@ class BrokerServer:
         self.dirty: list[AmqpProtocol] = []
         self._flush_scheduled = False
         self._wakeup: asyncio.TimerHandle | None = None
+        self._wakeup_at: float | None = None
         self.metrics_refused: dict[str, int] = {}
         self.metrics_auth_failures = 0
         self.connection_count = 0
         self.stopping = False
         self.access = AccessGuard(settings, self.broker, self.subscriptions)   # [[acl]], [anonymous]
+        lim = settings.limits
+        self.handshakes = HandshakeGate(lim.max_handshakes, lim.max_handshakes_per_address)
+        self.auth_throttle = auth_throttle(settings)   # SASL and the management API alike
+        self._refusals_logged_at = 0.0
+        self._refusals_unlogged = 0
+        self.resources = ResourceWatch(self.loop, self.protocols)   # descriptors, memory after bursts
         from ..management.service import Operations
         self.operations = Operations(self)                  # management API, metrics, expiry policy
 
@@ -144,6 +156,24 @@ class BrokerServer:
                     f"container-id '{handler.container_id}' is already connected", True)
         return None
 
+    def handshake_refused(self, address: str, why: str) -> None:
+        """A socket closed at accept (core/handshakes.py).  A flood must not flood the
+        log too: one line, then at most one every 10 s with the count since."""
+        now = time.monotonic()
+        if now - self._refusals_logged_at < 10.0:
+            self._refusals_unlogged += 1
+            return
+        more = f" ({self._refusals_unlogged} more since the last line)" if self._refusals_unlogged else ""
+        log.warning("connection from %s closed at accept: %s%s", address, why, more)
+        self._refusals_logged_at = now
+        self._refusals_unlogged = 0
+
+    def authentication_failed(self, address: str) -> None:
+        failures = self.auth_throttle.failed(address)
+        if failures == self.auth_throttle.free_failures + 1:
+            log.warning("%d failed authentications from %s: its next attempts wait (up to %.0f s)",
+                        failures, address, self.auth_throttle.max_delay)
+
     def register(self, handler: Any) -> None:
         self.connection_count += 1
         self.handlers_by_container.setdefault(handler.container_id, []).append(handler)
@@ -204,15 +234,16 @@ class BrokerServer:
     def _schedule_wakeup(self) -> None:
         """Delayed deliveries: wake when the earliest scheduled message is due."""
         due = self.broker.next_wakeup()
-        if due is None:
+        if due is None or (self._wakeup is not None and self._wakeup_at == due):
             return
-        delay = max(0.0, due - time.time())
         if self._wakeup is not None:
             self._wakeup.cancel()
-        self._wakeup = self.loop.call_later(delay, self._on_wakeup)
+        self._wakeup_at = due
+        self._wakeup = self.loop.call_later(max(0.0, due - time.time()), self._on_wakeup)
 
     def _on_wakeup(self) -> None:
         self._wakeup = None
+        self._wakeup_at = None
         self.broker.tick()
         self.flush_soon()
 
@@ -222,6 +253,7 @@ class BrokerServer:
         """Close every connection with amqp:connection:forced, let in-flight work
         finish, then stop."""
         self.stopping = True
+        self.resources.close()
         await self.operations.stop()
         for lst in self.listeners:
             if lst.server is not None:

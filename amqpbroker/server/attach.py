@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING, Any
 from proton import Link
 
 from ..core.addresses import TEMP_PREFIX, AddressKind, AddressNotFound
+from ..core.broker import QueueLimit
 from ..core.queues import ExclusivityPolicy, LifetimePolicy, Queue
 from ..core.selectors import SelectorError, compile_selector
 from ..core.subscriptions import (
+    RESOURCE_LIMIT,
     RESOURCE_LOCKED,
     BindingSpec,
     Decision,
@@ -69,7 +71,10 @@ class ConsumerAttacher:
             binding = BindingSpec(resolution.name, key, source.selector, source.no_local)
             return self._attach_subscription(link, source, binding, selector)
         if resolution.kind is AddressKind.NEW_QUEUE:
-            queue = self.broker.declare_queue(resolution.name, durable=True)
+            try:
+                queue = self.broker.auto_create(resolution.name, self.handler.protocol.user)
+            except QueueLimit as exc:
+                raise AttachRefused(RESOURCE_LIMIT, str(exc)) from None
         else:
             queue = self.broker.queues[resolution.name]
         return self._attach_queue(link, source, queue, selector)

@@ -8,6 +8,7 @@ Transport.tick.  Nothing here decides anything about messages.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +16,9 @@ from cproton import ffi, lib
 from proton import Collector, Connection, Event, Transport
 
 from ..core.wire import FrameGuard
-from .sasl import Handshake, HandshakeState
+from ..security.throttle import source_address
+from .handlers import ConnectionHandler
+from .sasl import Handshake, HandshakeState, SaslCode
 
 if TYPE_CHECKING:
     from .app import BrokerServer, Listener
@@ -31,6 +34,36 @@ _SKIPPED = frozenset({
     lib.PN_SESSION_LOCAL_CLOSE, lib.PN_SESSION_FINAL, lib.PN_LINK_INIT, lib.PN_LINK_LOCAL_OPEN,
     lib.PN_LINK_LOCAL_CLOSE, lib.PN_LINK_LOCAL_DETACH, lib.PN_LINK_FINAL,
 })
+
+
+class OutputHold:
+    """When a connection's output may go out, given the store batches holding the
+    "delivered" marks of what it carries (see AmqpProtocol.hold_for_store).  It waits
+    for the *latest* such batch: output held since an earlier turn must not go out when
+    that earlier batch commits while this turn's mark is still on its way (a crash then
+    would bring a message the consumer saw back as a first delivery)."""
+
+    __slots__ = ("held", "_until")
+
+    def __init__(self) -> None:
+        self.held = False
+        self._until = -1
+
+    def need(self, stored_in: int, current: int) -> int | None:
+        """A delivery whose entry was stored by batch `stored_in` goes out while batch
+        `current` is being filled (with its mark): the batch to wait for, if a new one."""
+        if stored_in == current or self._until >= current:
+            return None   # the entry and its mark commit together, or already waiting
+        self._until = current
+        self.held = True
+        return current
+
+    def committed(self, batch: int) -> bool:
+        """Batch `batch` committed (batches commit in order): True when that releases."""
+        if batch < self._until:
+            return False
+        self.held = False
+        return True
 
 
 class AmqpProtocol(asyncio.Protocol):
@@ -52,9 +85,12 @@ class AmqpProtocol(asyncio.Protocol):
         self._timer_at = 0.0
         self._dirty = False
         self._hs_timer: asyncio.TimerHandle | None = None
-        self._store_hold = False   # output waits for a store commit (hold_for_store)
+        self.hold = OutputHold()   # output waits for a store commit (hold_for_store)
         self.guard: FrameGuard | None = None   # protocol checks proton does not make
         self._discard_input = False             # after a protocol violation: closing
+        self.address = "?"                      # the peer's source address (limits, throttling)
+        self._handshaking = False               # counted by the server's HandshakeGate
+        self._held: bytearray | None = None     # input held while a throttle delay runs
 
     # ------------------------------------------------------------------ socket events
 
@@ -62,29 +98,76 @@ class AmqpProtocol(asyncio.Protocol):
         self.sock = sock  # type: ignore[assignment]
         peer = sock.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.address = peer[0] if isinstance(peer, tuple) else source_address(self.peer)
+        if not self.server.resources.may_accept():
+            refusal = "file descriptors nearly exhausted"
+        else:
+            refusal = self.server.handshakes.admit(self.address)
+        if refusal is not None:
+            self.server.handshake_refused(self.address, refusal)
+            self.closed = True
+            sock.abort()
+            return
+        self._handshaking = True
         self.handshake = Handshake(self.listener.sasl_policy, self.server.users, clock=self.loop.time)
         self.server.protocols.add(self)
+        # One deadline from accept to the AMQP open: SASL, the protocol header and the
+        # open itself.  Bytes trickling in do not move it.
         timeout = self.listener.sasl_policy.handshake_timeout
         self._hs_timer = self.loop.call_later(timeout, self._handshake_timeout) if timeout else None
+        # An address whose last authentications failed waits before it is answered
+        # (security/throttle.py); other addresses are not slowed.
+        delay = self.server.auth_throttle.delay(self.address)
+        if delay > 0:
+            self._held = bytearray()   # what arrives meanwhile waits (pause_reading does
+            self.loop.call_later(delay, self._release_held)   # not hold before reading starts)
+
+    def _release_held(self) -> None:
+        held, self._held = self._held, None
+        if held and not self.closed:
+            self.data_received(bytes(held))
+
+    def opened(self) -> None:
+        """The AMQP open arrived and was answered: the handshake is over."""
+        self._end_handshake()
+
+    def _end_handshake(self) -> None:
+        if self._hs_timer is not None:
+            self._hs_timer.cancel()
+            self._hs_timer = None
+        if self._handshaking:
+            self._handshaking = False
+            self.server.handshakes.done(self.address)
 
     def _handshake_timeout(self) -> None:
-        """A socket that never finishes SASL must not hold a slot forever."""
-        hs = self.handshake
+        """A socket that never reaches `open` must not hold a slot forever."""
         self._hs_timer = None
-        if hs is None or self.closed:
+        if self.closed:
             return
-        if not hs.check_timeout():  # fired a little early: try again at the deadline
-            self._hs_timer = self.loop.call_at(hs.deadline + 0.01, self._handshake_timeout)
+        hs = self.handshake
+        if hs is not None:
+            if not hs.check_timeout():  # fired a little early: try again at the deadline
+                self._hs_timer = self.loop.call_at(hs.deadline + 0.01, self._handshake_timeout)
+                return
+            out = hs.data_to_send()
+            if out:
+                self.sock.write(out)
+            why = hs.error
+        elif self.handler is not None and not self.handler.opened and not self.handler.ended:
+            why = "no AMQP open within the handshake timeout"
+        else:
             return
-        out = hs.data_to_send()
-        if out:
-            self.sock.write(out)
-        log.warning("connection from %s closed: %s", self.peer, hs.error)
+        log.warning("connection from %s closed: %s", self.peer, why)
+        self.server.handshakes.timed_out_total += 1
         self.closed = True
         self.sock.close()
 
     def data_received(self, data: bytes) -> None:
         if self.closed or self._discard_input:
+            return
+        if self._held is not None:     # an authentication throttle delay runs
+            if len(self._held) < 65536:
+                self._held += data
             return
         if self.handshake is not None:
             self._feed_handshake(data)
@@ -93,10 +176,10 @@ class AmqpProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.protocols.discard(self)
+        self.server.resources.connection_closed()
         if self._timer is not None:
             self._timer.cancel()
-        if self._hs_timer is not None:
-            self._hs_timer.cancel()
+        self._end_handshake()
         was_closed, self.closed = self.closed, True   # before the engine's events: the socket is gone
         if self.transport is not None and not was_closed:
             self.transport.close_tail()
@@ -125,12 +208,14 @@ class AmqpProtocol(asyncio.Protocol):
         if hs.state is HandshakeState.FAILED:
             log.warning("connection from %s refused during SASL: %s", self.peer, hs.error)
             self.server.metrics_auth_failures += 1
+            if hs.outcome is SaslCode.AUTH:
+                self.server.authentication_failed(self.address)
             self.closed = True
             self.sock.close()
         elif hs.state is HandshakeState.DONE:
             self.handshake = None
-            if self._hs_timer is not None:
-                self._hs_timer.cancel()
+            if hs.mechanism not in (None, "ANONYMOUS"):
+                self.server.auth_throttle.succeeded(self.address)
             self.user = hs.user
             self._start_amqp(hs.leftover)
         elif hs.close_after_send:
@@ -138,7 +223,6 @@ class AmqpProtocol(asyncio.Protocol):
             self.sock.close()
 
     def _start_amqp(self, leftover: bytes) -> None:
-        from .handlers import ConnectionHandler  # local import: handlers imports engine types
 
         limits = self.server.settings.limits
         t = Transport(Transport.SERVER)
@@ -160,6 +244,7 @@ class AmqpProtocol(asyncio.Protocol):
     # ------------------------------------------------------------------ proton pump
 
     def _push(self, data: bytes) -> None:
+        self.server.resources.bytes_moved(len(data))
         guard = self.guard
         if guard is not None:
             problem = guard.feed(data)
@@ -240,20 +325,21 @@ class AmqpProtocol(asyncio.Protocol):
         so nothing waits.  Otherwise the output stays off the socket until the
         batch holding the mark has committed."""
         store = self.server.store
-        if self._store_hold or not store.persistent or stored_in == store.batch:
+        if not store.persistent:
             return
-        self._store_hold = True
-        store.after_commit(self._store_committed)
+        batch = self.hold.need(stored_in, store.batch)
+        if batch is not None:
+            store.after_commit(functools.partial(self._store_committed, batch))
 
-    def _store_committed(self, error: BaseException | None) -> None:
-        self._store_hold = False
-        self.mark_dirty()
+    def _store_committed(self, batch: int, error: BaseException | None) -> None:
+        if self.hold.committed(batch):
+            self.mark_dirty()
 
     def flush(self) -> None:
         """Move pending transport output to the socket and re-arm the timer."""
         self._dirty = False
         t = self.transport
-        if t is None or self.sock is None or self._store_hold:
+        if t is None or self.sock is None or self.hold.held:
             return  # held: _store_committed flushes
         if self.collector.peek() is not None:
             self._process()

@@ -14,6 +14,7 @@ from proton import Condition, Delivery, Endpoint, Event, Link, symbol
 
 from .. import PRODUCT, __version__
 from ..core.addresses import AddressKind, AddressNotFound
+from ..core.broker import QueueLimit
 from ..core.message import MalformedMessage, Message
 from ..core.queues import LifetimePolicy
 from ..core.settlement import LinkEnding
@@ -111,6 +112,7 @@ class ConnectionHandler:
             return
         conn.open()
         self.opened = True
+        self.protocol.opened()
         self.server.register(self)
         log.info("connection open: %s container=%s user=%s", self.protocol.peer,
                  self.container_id, self.protocol.user)
@@ -313,7 +315,10 @@ class ConnectionHandler:
             except AddressNotFound as exc:
                 raise AttachRefused("amqp:not-found", exc.why) from None
             if resolution.kind is AddressKind.NEW_QUEUE:
-                self.broker.declare_queue(resolution.name, durable=True)
+                try:
+                    self.broker.auto_create(resolution.name, self.protocol.user)
+                except QueueLimit as exc:
+                    raise AttachRefused(RESOURCE_LIMIT, str(exc)) from None
                 resolution = resolution.__class__(AddressKind.QUEUE, resolution.name)
         link.source.copy(link.remote_source)
         write_target(link.target, target)
@@ -489,12 +494,15 @@ class ConnectionHandler:
                 if dedup_publish(self, producer, dlv, msg, target):
                     return   # a duplicate: settled and dropped
             else:
-                self.broker.publish(msg, target)
+                self.broker.publish(msg, target, self.protocol.user)
         except MalformedMessage as exc:
             self._reject(producer, dlv, "amqp:decode-error", str(exc))
             return
         except AddressNotFound as exc:
             self._reject(producer, dlv, "amqp:not-found", exc.why)
+            return
+        except QueueLimit as exc:
+            self._reject(producer, dlv, RESOURCE_LIMIT, str(exc))
             return
         if lib.pn_delivery_settled(dlv):  # pre-settled by the producer: nothing to answer
             lib.pn_delivery_settle(dlv)

@@ -75,6 +75,7 @@ class LinkConsumer:
         self._tag_ptr = ffi.from_buffer(self._tag_buf)
         self._tag_t = ffi.new("pn_delivery_tag_t*", (8, self._tag_ptr))
         self.closed = False
+        self.max_unsettled = handler.server.settings.limits.max_unsettled_per_link
         self.ready = True              # False until the attach reply is sent (durable commit)
         self.subscription: Any = None  # set by the subscription layer
 
@@ -83,6 +84,8 @@ class LinkConsumer:
     def credit(self) -> int:
         if self.closed or not self.ready or self.handler.protocol.write_paused:
             return 0
+        if len(self.unsettled) >= self.max_unsettled:
+            return 0   # credit is a permission, not a duty (AMQP 1.0 §2.6.7): memory is bounded
         credit = link_credit(self.impl)
         if credit > 0 and self.peer_ending():
             return 0

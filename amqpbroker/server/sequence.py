@@ -478,7 +478,7 @@ def dedup_publish(handler: "ConnectionHandler", producer: Producer, dlv: Any, ms
         else:
             producer.settle_in_order(dlv, ACCEPTED)
         return True
-    handler.broker.publish(msg, target)
+    handler.broker.publish(msg, target, handler.protocol.user)
     recorded = dedup.record(address, key)
     if recorded is not None and store.persistent:
         n, evicted = recorded

@@ -73,16 +73,28 @@ class DurabilityManager:
         if queue.store_id is None:
             queue.store_id = next(self._queue_ids)
             self.store.save_queue(self._record(queue))
-        queue.on_enqueue = functools.partial(self._entry_added, queue)
-        queue.on_remove = functools.partial(self._entry_removed, queue)
-        queue.on_deliver = functools.partial(self._entry_update, queue, delivered=True)
-        queue.on_return = functools.partial(self._entry_update, queue, delivered=False)
+        queue.hooks = self            # StoreHooks (core/entries.py): one reference per queue
         queue.memory_budget = self.memory_budget
-        queue.loader = self._load_body
-        queue.on_page_out = lambda e, q=queue: self.store.after_commit(
-            functools.partial(q.page_committed, e.seq))
-        queue.page_reader = lambda after, limit, q=queue: self._read_paged(q, after, limit)
-        queue.drop_paged = lambda after, below, skip, q=queue: self.drop_paged(q, after, below, skip)
+
+    # StoreHooks: what durable queues ask of the store.
+
+    def entry_added(self, queue: Queue, entry: Entry) -> None:
+        self._entry_added(queue, entry)
+
+    def entry_removed(self, queue: Queue, entry: Entry) -> None:
+        self._entry_removed(queue, entry)
+
+    def entry_updated(self, queue: Queue, entry: Entry, delivered: bool) -> None:
+        self._entry_update(queue, entry, delivered)
+
+    def load_body(self, entry: Entry) -> Message:
+        return self._load_body(entry)
+
+    def page_out(self, queue: Queue, entry: Entry) -> None:
+        self.store.after_commit(functools.partial(queue.page_committed, entry.seq))
+
+    def read_paged(self, queue: Queue, after: int, limit: int) -> list[Entry]:
+        return self._read_paged(queue, after, limit)
 
     def _record(self, queue: Queue) -> QueueRecord:
         return QueueRecord(queue.name, queue.store_id, queue.exclusivity.value, queue.lifetime.value,

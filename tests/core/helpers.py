@@ -58,3 +58,28 @@ class RecordingConsumer:
 
     def bodies(self):
         return [PnMessage().decode(e.payload()) or None for e in self.delivered]
+
+
+class NoStore:
+    """A StoreHooks (core/entries.py) that stores nothing; tests override what they watch."""
+
+    def entry_added(self, queue, entry):
+        pass
+
+    def entry_removed(self, queue, entry):
+        pass
+
+    def entry_updated(self, queue, entry, delivered):
+        pass
+
+    def load_body(self, entry):
+        raise RuntimeError(f"no body for seq {entry.seq}")
+
+    def page_out(self, queue, entry):
+        pass
+
+    def read_paged(self, queue, after, limit):
+        return []
+
+    def drop_paged(self, queue, after, below, skip):
+        return 0, 0

@@ -43,3 +43,34 @@ def test_ownership_goes_with_the_node():
     # A node declared again under the name later is an ordinary one.
     broker.declare_queue("amqpbroker.temp-queue.2")
     assert broker.may_consume("amqpbroker.temp-queue.2", object())
+
+
+# --------------------------------------------------------------------------- auto-created queues
+
+from amqpbroker.core.addresses import AddressKind  # noqa: E402
+from amqpbroker.core.broker import BrokerPolicy, QueueLimit  # noqa: E402
+import pytest  # noqa: E402
+
+
+def test_auto_created_queues_are_durable_whether_an_attach_or_a_message_names_them():
+    broker = Broker()
+    assert broker.auto_create("by-attach", "alice").durable
+    target = broker.resolve("by-relay")
+    assert target.kind is AddressKind.NEW_QUEUE
+    broker.publish(make_message("m", durable=True), target, "alice")
+    assert broker.queues["by-relay"].durable   # a durable message there survives a restart
+
+
+def test_queues_per_user_are_limited_and_freed_by_deletion():
+    broker = Broker(BrokerPolicy(max_queues_per_user=2))
+    broker.auto_create("a1", "alice")
+    broker.auto_create("a2", "alice")
+    with pytest.raises(QueueLimit):
+        broker.auto_create("a3", "alice")
+    with pytest.raises(QueueLimit):
+        broker.publish(make_message("m"), broker.resolve("a4"), "alice")
+    assert broker.auto_create("b1", "bob").name == "b1"      # another user is not affected
+    assert broker.auto_create("x1", None).creator == "anonymous"
+    broker.delete_queue("a1")
+    assert broker.auto_create("a3", "alice").name == "a3"
+    assert broker.auto_create("a2", "alice").name == "a2"    # an existing queue is not counted again

@@ -5,7 +5,7 @@ from __future__ import annotations
 from proton import Message as PnMessage
 
 from amqpbroker.core.queues import Outcome, Queue
-from tests.core.helpers import RecordingConsumer, bodies, make_message
+from tests.core.helpers import NoStore, RecordingConsumer, bodies, make_message
 
 
 
@@ -215,7 +215,7 @@ def test_purge_removes_ready_entries():
 # ---------------------------------------------------------------------- paged region
 
 
-class FakePagingStore:
+class FakePagingStore(NoStore):
     """The durability hooks of a paging queue over dicts (no LMDB): entries are
     written at once, become readable at commit(), whose callbacks then run."""
 
@@ -225,15 +225,10 @@ class FakePagingStore:
         self.callbacks: list[int] = []
         q.memory_budget = budget
         q.page_in_low, q.page_in_batch = low, batch
-        q.on_enqueue = self.add
-        q.on_remove = lambda e: self.written.pop(e.seq, None)
-        q.on_page_out = lambda e: self.callbacks.append(e.seq)
-        q.loader = lambda e: self.written[e.seq].msg
-        q.page_reader = self.read
-        q.drop_paged = self.drop
+        q.hooks = self
         self.q = q
 
-    def add(self, entry):
+    def entry_added(self, queue, entry):
         if entry.msg.durable:
             entry.store_ref = entry.seq
             self.written[entry.seq] = entry
@@ -244,13 +239,22 @@ class FakePagingStore:
         for seq in callbacks:
             self.q.page_committed(seq)
 
-    def read(self, after, limit):
+    def entry_removed(self, queue, entry):
+        self.written.pop(entry.seq, None)
+
+    def page_out(self, queue, entry):
+        self.callbacks.append(entry.seq)
+
+    def load_body(self, entry):
+        return self.written[entry.seq].msg
+
+    def read_paged(self, queue, after, limit):
         from amqpbroker.core.queues import Entry
         seqs = sorted(s for s in self.written if s > after and s in self.committed)[:limit]
         return [Entry.paged(s, s, size=self.written[s].size, priority=self.written[s].priority,
                             delivery_count=0, expires_at=None, deliver_at=None, group=None) for s in seqs]
 
-    def drop(self, after, below, skip):
+    def drop_paged(self, queue, after, below, skip):
         gone = [s for s in self.written if s > after and s in self.committed and s not in skip
                 and (below is None or s < below)]
         return len(gone), sum(self.written.pop(s).size for s in gone)
@@ -330,12 +334,13 @@ def test_a_body_that_cannot_be_read_back_is_dropped_and_the_queue_goes_on():
     good = make_message("good")
     bodies_by_seq = {2: good}
 
-    def loader(entry):
-        if entry.seq not in bodies_by_seq:
-            raise RuntimeError(f"stored message {entry.seq} is missing")
-        return bodies_by_seq[entry.seq]
+    class Hooks(NoStore):
+        def load_body(self, entry):
+            if entry.seq not in bodies_by_seq:
+                raise RuntimeError(f"stored message {entry.seq} is missing")
+            return bodies_by_seq[entry.seq]
 
-    q.loader = loader
+    q.hooks = Hooks()
     q.restore(_paged(1))
     q.restore(_paged(2))
     c = RecordingConsumer(credit=5)
@@ -346,8 +351,42 @@ def test_a_body_that_cannot_be_read_back_is_dropped_and_the_queue_goes_on():
 
 def test_a_selector_consumer_skips_an_unreadable_body_too():
     q = Queue("q")
-    q.loader = lambda entry: (_ for _ in ()).throw(ValueError("garbage"))
+    class Garbage(NoStore):
+        def load_body(self, entry):
+            raise ValueError("garbage")
+
+    q.hooks = Garbage()
     q.restore(_paged(1))
     picky = RecordingConsumer(credit=5, accept=lambda e: True)
     q.add_consumer(picky)
     assert picky.delivered == [] and q.depth == 0 and q.unreadable_total == 1
+
+
+def test_dispatch_hands_over_a_slice_per_loop_turn_when_it_can_defer():
+    from amqpbroker.core.queues import DISPATCH_SLICE
+    turns = []
+    q = Queue("q")
+    q.defer = turns.append                  # the server's loop.call_soon
+    for i in range(DISPATCH_SLICE * 3 + 10):
+        q.enqueue(make_message(i))
+    c = RecordingConsumer(credit=10**6)
+    q.add_consumer(c)
+    assert len(c.delivered) == DISPATCH_SLICE and len(turns) == 1
+    while turns:                            # the next loop turns
+        turns.pop(0)()
+    assert bodies(c.delivered) == list(range(DISPATCH_SLICE * 3 + 10))
+    assert q.ready_count == 0
+
+
+def test_a_deferred_dispatch_of_a_deleted_queue_does_nothing():
+    turns = []
+    q = Queue("q")
+    q.defer = turns.append
+    for i in range(600):
+        q.enqueue(make_message(i))
+    c = RecordingConsumer(credit=10**6)
+    q.add_consumer(c)
+    q.purge()
+    q.deleted = True
+    turns.pop(0)()
+    assert len(c.delivered) == 256

@@ -18,7 +18,7 @@ from amqpbroker.core.sequence import (
     parse_range,
     with_sequence,
 )
-from tests.core.helpers import RecordingConsumer, make_message
+from tests.core.helpers import NoStore, RecordingConsumer, make_message
 
 SEQ = symbol("x-opt-sequence")
 
@@ -138,7 +138,12 @@ def test_remove_below_takes_ready_and_scheduled_entries_but_not_acquired_ones():
     now = [1000.0]
     q = Queue("q", clock=lambda: now[0])
     removed = []
-    q.on_remove = removed.append
+
+    class Recording(NoStore):
+        def entry_removed(self, queue, entry):
+            removed.append(entry)
+
+    q.hooks = Recording()
     for i in range(6):
         q.enqueue(make_message(f"m{i}", priority=9 if i == 2 else 4))
     q.enqueue(make_message("later", annotations={symbol("x-opt-delivery-time"): int(5000 * 1000)}))  # seq 7

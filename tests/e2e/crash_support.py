@@ -173,6 +173,25 @@ def produce_until_crash(broker: Any, address: str, prefix: str, kill_after: int,
     return traffic
 
 
+class _UntilSettled(_Clients):
+    def _outcome(self, event, accepted):
+        super()._outcome(event, accepted)
+        if len(self.t.accepted) + len(self.t.rejected) >= self.max_messages:
+            self._stop(event.container)
+
+
+def send_durable(broker: Any, address: str, n: int, prefix: str, *, window: int = 200,
+                 body: bytes = b"B" * 1024) -> Traffic:
+    """n durable messages, `window` unsettled at a time; every outcome recorded."""
+    t = Traffic(prefix)
+    handler = _UntilSettled(broker.url, address, t, 10**9, threading.Event(), consume=False, window=window,
+                            body=body, max_messages=n, deadline=60.0, prefetch=0)
+    Container(handler).run()
+    assert not t.errors, t.errors
+    assert len(t.accepted) + len(t.rejected) == n
+    return t
+
+
 def drain(url: str, address: str, quiet: float = 1.5, credit: int = 500) -> list[tuple[str, int]]:
     """Receive (and accept) until nothing arrives for `quiet` seconds: [(id, delivery-count)]."""
     conn = connect(url)

@@ -30,8 +30,11 @@ class RawClient:
     def __init__(self, host: str, port: int, *, container_id: str = "raw-client",
                  desired_capabilities: list[str] | None = None, sasl_mechs: str | None = "ANONYMOUS",
                  user: str | None = None, password: str | None = None,
-                 idle_timeout: float | None = None, open: bool = True):
-        self.sock = socket.create_connection((host, port), timeout=5)
+                 idle_timeout: float | None = None, open: bool = True, source: str | None = None):
+        # `source`: another loopback address (127.0.0.2 ...) to connect from, for
+        # tests of per-address limits.
+        self.sock = socket.create_connection((host, port), timeout=5,
+                                             source_address=(source, 0) if source else None)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)   # as AMQP clients do
         self.sock.setblocking(False)
         self.transport = Transport(Transport.CLIENT)

@@ -329,3 +329,17 @@ def test_messages_of_a_lost_connection_come_back_counted_once_across_sigkill(dur
     durable_broker.start()
     got = receive_all(durable_broker.url, q, 3)
     assert [(m.body, m.delivery_count) for m in got] == [("a", 1), ("b", 1), ("c", 0)]
+
+
+def test_a_queue_the_anonymous_relay_creates_is_durable(durable_broker):
+    """A persistent message sent through the anonymous relay to an address nothing
+    declared yet: the queue it creates keeps it across a SIGKILL."""
+    q = uniq("relay-new")
+    conn = connect(durable_broker.url)
+    try:
+        conn.create_sender(None).send(Message(address=q, body="kept", durable=True))
+    finally:
+        conn.close()
+    durable_broker.kill()
+    durable_broker.start()
+    assert [m.body for m in receive_all(durable_broker.url, q, 1)] == ["kept"]

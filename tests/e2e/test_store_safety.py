@@ -19,7 +19,6 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -28,7 +27,7 @@ import httpx
 import pytest
 
 from tests.broker_process import BrokerProcess
-from tests.e2e.crash_support import Traffic, _Clients, assess, drain
+from tests.e2e.crash_support import Traffic, assess, drain, send_durable
 
 pytestmark = pytest.mark.e2e
 
@@ -43,27 +42,6 @@ def uniq(prefix: str) -> str:
 
 def run_cli(args: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(CLI + args, capture_output=True, text=True, timeout=timeout)
-
-
-class _UntilSettled(_Clients):
-    def _outcome(self, event, accepted):
-        super()._outcome(event, accepted)
-        if len(self.t.accepted) + len(self.t.rejected) >= self.max_messages:
-            self._stop(event.container)
-
-
-def send_durable(broker: BrokerProcess, address: str, n: int, prefix: str, *, window: int = 200,
-                 body: bytes = b"B" * 1024) -> Traffic:
-    """n durable messages, `window` unsettled at a time; every outcome recorded."""
-    from proton.reactor import Container
-
-    t = Traffic(prefix)
-    handler = _UntilSettled(broker.url, address, t, 10**9, threading.Event(), consume=False, window=window,
-                            body=body, max_messages=n, deadline=60.0, prefetch=0)
-    Container(handler).run()
-    assert not t.errors, t.errors
-    assert len(t.accepted) + len(t.rejected) == n
-    return t
 
 
 def failed_start(broker: BrokerProcess, timeout: float = 20.0) -> tuple[int, str, float]:

@@ -13,6 +13,7 @@ import asyncio
 import pytest
 
 from amqpbroker.core.broker import Broker
+from amqpbroker.core import queues
 from amqpbroker.core.queues import Outcome, Queue
 from amqpbroker.core.registry import SubscriptionRegistry
 from amqpbroker.store.durability import DurabilityManager
@@ -29,8 +30,8 @@ def loop():
 
 @pytest.fixture(autouse=True)
 def small_window(monkeypatch):
-    monkeypatch.setattr(Queue, "page_in_low", 3)
-    monkeypatch.setattr(Queue, "page_in_batch", 4)
+    monkeypatch.setattr(queues, "PAGE_IN_LOW", 3)     # read by Queue.__init__
+    monkeypatch.setattr(queues, "PAGE_IN_BATCH", 4)
 
 
 def msg_size(body: str = "m00") -> int:
@@ -113,7 +114,7 @@ def test_beyond_the_budget_entries_live_only_in_the_store(rig):
 
 
 def test_once_paging_every_persistent_entry_is_paged_but_non_persistent_ones_stay(rig, monkeypatch):
-    monkeypatch.setattr(Queue, "page_in_low", 1)
+    monkeypatch.setattr(queues, "PAGE_IN_LOW", 1)
     r = rig(budget=2 * msg_size())
     q = r.broker.declare_queue("q", durable=True)
     fill(q, 4)

@@ -1,0 +1,133 @@
+"""End-to-end: a huge credit on a deep durable backlog is served in slices (one per
+loop turn), so a canary on another connection stays fast, store transactions stay
+small, and a consumer that never reads its socket costs bounded memory."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import httpx
+import pytest
+from proton import Delivery, Message
+
+from tests.broker_process import BrokerProcess
+from tests.e2e.canary import Canary
+from tests.e2e.crash_support import send_durable
+from tests.e2e.helpers_conn import RawClient
+from tests.e2e.helpers_delivery import uid
+
+pytestmark = pytest.mark.e2e
+
+BACKLOG = 100_000
+CREDIT = 1_000_000
+# Most of the backlog lives only in the store (the paged region), as a deep queue does.
+CONFIG = """
+[store]
+queue_memory_budget = 1048576
+"""
+
+
+@pytest.fixture(scope="module")
+def deep(tmp_path_factory):
+    proc = BrokerProcess(tmp_path_factory.mktemp("big-credit") / "data", config=CONFIG).start()
+    yield proc
+    proc.stop()
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1)) / 1024
+
+
+def queue_info(broker, queue: str) -> dict:
+    url = f"http://127.0.0.1:{broker.ports['management']}/api/queues/{queue}"
+    return httpx.get(url, timeout=10).json()
+
+
+def unacked(broker, queue: str) -> int:
+    """Deliveries of `queue` held by consumers, unsettled (the management API)."""
+    return queue_info(broker, queue)["unacked"]
+
+
+def depth(broker, queue: str) -> int:
+    return queue_info(broker, queue)["depth"]
+
+
+def fill(broker, queue: str) -> None:
+    sent = send_durable(broker, queue, BACKLOG, queue, window=2000, body=b"x" * 200)
+    assert len(sent.accepted) == BACKLOG
+
+
+def big_credit_receiver(broker, queue: str) -> tuple[RawClient, object]:
+    client = RawClient("127.0.0.1", broker.port, container_id=uid("greedy")).wait_open()
+    link = client.receiver(client.session(), queue, uid("greedy"))
+    link.flow(CREDIT)
+    client.pump(0)        # the flow goes out
+    return client, link
+
+
+def test_a_credit_of_a_million_on_a_deep_durable_backlog_keeps_others_served(deep):
+    q = uid("deep")
+    fill(deep, q)
+    with Canary(deep) as canary:
+        client, link = big_credit_receiver(deep, q)
+        started = time.monotonic()
+        got = 0
+        first_at = None
+        while got < BACKLOG and time.monotonic() - started < 60:
+            client.pump(0.01)
+            while link.current is not None and not link.current.partial and link.current.readable:
+                dlv = link.current
+                link.recv(dlv.pending)
+                link.advance()
+                dlv.update(Delivery.ACCEPTED)
+                dlv.settle()
+                got += 1
+                if first_at is None:
+                    first_at = time.monotonic() - started
+        client.close()
+    assert got == BACKLOG, f"drained {got} of {BACKLOG}"
+    assert first_at is not None and first_at < 1.0, f"first message after {first_at:.2f} s"
+    canary.assert_served(max_rtt=0.25)
+    assert "MDB_TXN_FULL" not in deep.log_text() and "Traceback" not in deep.log_text()
+
+
+def fill_in_memory(broker, queue: str, n: int) -> None:
+    """n non-durable messages, sent pre-settled as fast as credit allows."""
+    client = RawClient("127.0.0.1", broker.port, container_id=uid("filler")).wait_open()
+    link = client.sender(client.session(), queue, uid("filler"))
+    body = Message(body="x" * 200).encode()
+    sent = 0
+    while sent < n:
+        client.wait(lambda: link.credit > 0, what="credit")
+        while link.credit > 0 and sent < n:
+            dlv = link.delivery(str(sent).encode())
+            link.send(body)
+            link.advance()
+            dlv.settle()
+            sent += 1
+        client.pump(0)
+    client.wait(lambda: unacked(broker, queue) == 0 and depth(broker, queue) == n, timeout=30,
+                what="the backlog")
+    client.close()
+
+
+def test_a_consumer_that_never_reads_costs_bounded_memory(deep):
+    q = uid("unread")
+    fill_in_memory(deep, q, BACKLOG)
+    before = rss_mb(deep.proc.pid)
+    with Canary(deep) as canary:
+        client, _ = big_credit_receiver(deep, q)     # then it never reads its socket again
+        deadline = time.monotonic() + 5
+        peak = before
+        while time.monotonic() < deadline:
+            peak = max(peak, rss_mb(deep.proc.pid))
+            time.sleep(0.1)
+        held = unacked(deep, q)
+        client.abandon()
+    canary.assert_served(max_rtt=0.1)
+    # The link's unsettled deliveries are capped (limits.max_unsettled_per_link), so
+    # the broker stopped handing messages over long before the credit ran out.
+    assert held <= 10_000, f"{held} deliveries handed to a consumer that reads nothing"
+    assert peak - before < 200, f"RSS grew from {before:.0f} MB to {peak:.0f} MB"

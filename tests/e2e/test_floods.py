@@ -1,0 +1,168 @@
+"""End-to-end: handshake floods and password guessing, with a canary client whose
+round trips must stay fast throughout (tests/e2e/canary.py).  Attackers connect from
+other loopback addresses (127.0.0.3 ...) so that per-address limits apply to them
+and not to the canary on 127.0.0.1."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+from proton import symbol
+
+from tests.broker_process import BrokerProcess
+from tests.client import connect
+from tests.e2e.canary import Canary
+from tests.e2e.helpers_conn import AMQP_HEADER, SASL_HEADER, RawClient, amqp_frame
+
+pytestmark = pytest.mark.e2e
+
+HANDSHAKE_TIMEOUT = 2.0
+CONFIG = f"""
+[limits]
+sasl_timeout = {HANDSHAKE_TIMEOUT}
+max_handshakes_per_address = 20
+auth_free_failures = 2
+auth_max_delay = 1.0
+
+[users.alice]
+password = "alice-pw"
+"""
+
+
+@pytest.fixture(scope="module")
+def flood_broker(tmp_path_factory):
+    proc = BrokerProcess(tmp_path_factory.mktemp("floods") / "data", config=CONFIG).start()
+    yield proc
+    proc.stop()
+
+
+def stalled_socket(broker, source: str) -> socket.socket:
+    """A client that gets through SASL and the protocol header, then trickles."""
+    s = socket.create_connection(("127.0.0.1", broker.port), timeout=5, source_address=(source, 0))
+    s.sendall(SASL_HEADER + amqp_frame(0, 0x41, [symbol("ANONYMOUS"), b""], frame_type=1) + AMQP_HEADER)
+    return s
+
+
+def closed_by_peer(s: socket.socket) -> bool:
+    s.setblocking(False)
+    try:
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                return True
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+def test_trickling_handshakes_are_closed_at_the_deadline_and_the_rest_at_accept(flood_broker):
+    open_frame = amqp_frame(0, 0x10, ["trickler"])
+    with Canary(flood_broker) as canary:
+        socks = [stalled_socket(flood_broker, "127.0.0.3") for _ in range(60)]
+        started = time.monotonic()
+        # One byte of the open every 0.25 s: never a whole open, always "active".
+        i = 0
+        while time.monotonic() - started < HANDSHAKE_TIMEOUT + 1.5:
+            for s in socks:
+                try:
+                    s.send(open_frame[i:i + 1])
+                except OSError:
+                    pass
+            i += 1
+            time.sleep(0.25)
+        assert all(closed_by_peer(s) for s in socks), "a trickling socket outlived the deadline"
+        for s in socks:
+            s.close()
+    canary.assert_served(max_rtt=0.1)
+    log = flood_broker.log_text()
+    assert log.count("no AMQP open within the handshake timeout") == 20   # the ones admitted
+    assert "closed at accept: 20 connections from 127.0.0.3 are in their handshake" in log
+
+
+def test_one_address_filling_its_handshakes_does_not_lock_out_another(flood_broker):
+    socks = [stalled_socket(flood_broker, "127.0.0.6") for _ in range(20)]
+    try:
+        other = connect(flood_broker.url, container_id="other-address")   # from 127.0.0.1
+        other.create_sender("ok").close()
+        other.close()
+        refused = stalled_socket(flood_broker, "127.0.0.6")               # the 21st from .6
+        deadline = time.monotonic() + 2
+        while not closed_by_peer(refused) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert closed_by_peer(refused)
+        refused.close()
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _attempt(broker, source: str, password: str) -> tuple[bool, float]:
+    """One PLAIN login from `source`: (authenticated, seconds until the answer)."""
+    started = time.monotonic()
+    client = RawClient("127.0.0.1", broker.port, container_id=f"guess-{source}", sasl_mechs="PLAIN",
+                       user="alice", password=password, source=source)
+    try:
+        client.wait(lambda: client.socket_closed or client.conn.state & client.conn.REMOTE_ACTIVE,
+                    timeout=15, what="the answer")
+        return bool(client.conn.state & client.conn.REMOTE_ACTIVE), time.monotonic() - started
+    finally:
+        client.abandon()
+
+
+def test_password_guessing_is_slowed_per_address_and_no_one_else_waits(flood_broker):
+    with Canary(flood_broker) as canary:
+        answers = [_attempt(flood_broker, "127.0.0.4", "wrong") for _ in range(6)]
+        assert not any(ok for ok, _ in answers)
+        free, throttled = answers[:3], answers[3:]
+        assert all(t < 0.15 for _, t in free), answers            # the first failures: no wait
+        # then 0.2 s, 0.4 s, 0.8 s (the delay doubles per failure, up to 1 s)
+        assert [round(t, 1) >= d for (_, t), d in zip(throttled, (0.2, 0.4, 0.8))] == [True] * 3, answers
+        ok, elapsed = _attempt(flood_broker, "127.0.0.5", "alice-pw")   # another address
+        assert ok and elapsed < 0.15
+        assert _attempt(flood_broker, "127.0.0.4", "alice-pw")[0]       # the right one still works
+        assert _attempt(flood_broker, "127.0.0.4", "wrong")[1] < 0.15   # and cleared the record
+    canary.assert_served(max_rtt=0.1)
+    flood_broker.wait_for_log(r"3 failed authentications from 127.0.0.4: its next attempts wait")
+
+
+def test_queues_one_user_may_create_are_limited(broker_factory):
+    from proton import Message
+    from proton.utils import LinkDetached, SendException
+
+    broker = broker_factory("[policy]\nmax_queues_per_user = 3\n")
+    conn = connect(broker.url, container_id="queue-maker")
+    try:
+        for i in range(3):
+            conn.create_sender(f"made-{i}").close()
+        with pytest.raises(LinkDetached) as refused:
+            conn.create_sender("made-3")
+        assert "amqp:resource-limit-exceeded" in str(refused.value)
+        assert "max_queues_per_user" in str(refused.value)
+        relay = conn.create_sender(None)
+        with pytest.raises(SendException):
+            relay.send(Message(address="made-by-relay", body="x"))
+        relay.send(Message(address="made-0", body="to an existing queue"))
+    finally:
+        conn.close()
+
+
+def test_protections_show_in_the_metrics(flood_broker):
+    import httpx
+
+    socks = [stalled_socket(flood_broker, "127.0.0.7") for _ in range(21)]   # one over the limit
+    deadline = time.monotonic() + 2
+    while not closed_by_peer(socks[-1]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    text = httpx.get(f"http://127.0.0.1:{flood_broker.ports['management']}/metrics", timeout=10).text
+    for s in socks:
+        s.close()
+    for name in ("amqpbroker_handshakes_in_progress", "amqpbroker_handshakes_refused_total",
+                 "amqpbroker_handshakes_timed_out_total", "amqpbroker_open_fds", "amqpbroker_fd_limit",
+                 "amqpbroker_fd_refused_total", "amqpbroker_auth_throttled_attempts_total"):
+        assert f"\n{name} " in text, name
+    refused = float(text.split("\namqpbroker_handshakes_refused_total ")[1].split()[0])
+    in_progress = float(text.split("\namqpbroker_handshakes_in_progress ")[1].split()[0])
+    assert refused >= 1 and in_progress >= 20
