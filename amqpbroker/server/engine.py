@@ -186,6 +186,11 @@ class AmqpProtocol(asyncio.Protocol):
             self._process()
         if self.handler is not None:
             self.handler.socket_closed()
+            self.handler.release()
+        # No cycle left through this protocol: it and proton's transport (with any
+        # partial deliveries it buffered) are freed as soon as nothing refers to them.
+        self.handler = None
+        self.transport = self.connection = self.collector = None
         self.server.flush_soon()
 
     def pause_writing(self) -> None:

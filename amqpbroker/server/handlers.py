@@ -43,6 +43,21 @@ OFFERED_CAPABILITIES = ["SHARED-SUBS", "ANONYMOUS-RELAY", "DELAYED_DELIVERY",
 SOLE_CONNECTION = "sole-connection-for-container"
 
 
+# Event type → handler method (names, not bound methods: a table of bound methods
+# would make every handler a reference cycle of its own).
+_EVENT_METHODS = {
+    Event.CONNECTION_REMOTE_OPEN.number: "on_connection_remote_open",
+    Event.CONNECTION_REMOTE_CLOSE.number: "on_connection_remote_close",
+    Event.SESSION_REMOTE_OPEN.number: "on_session_remote_open",
+    Event.SESSION_REMOTE_CLOSE.number: "on_session_remote_close",
+    Event.LINK_REMOTE_OPEN.number: "on_link_remote_open",
+    Event.LINK_REMOTE_DETACH.number: "on_link_remote_detach",
+    Event.LINK_REMOTE_CLOSE.number: "on_link_remote_close",
+    Event.TRANSPORT_ERROR.number: "on_transport_error",
+    Event.TRANSPORT_TAIL_CLOSED.number: "on_transport_tail_closed",
+}
+
+
 class ConnectionHandler:
     def __init__(self, protocol: "AmqpProtocol"):
         self.protocol = protocol
@@ -59,22 +74,20 @@ class ConnectionHandler:
         self.consumers: list[LinkConsumer] = []
         self.ended_deliveries = EndedDeliveries(protocol.loop)
         self.attacher = ConsumerAttacher(self)
-        self._table = {
-            Event.CONNECTION_REMOTE_OPEN.number: self.on_connection_remote_open,
-            Event.CONNECTION_REMOTE_CLOSE.number: self.on_connection_remote_close,
-            Event.SESSION_REMOTE_OPEN.number: self.on_session_remote_open,
-            Event.SESSION_REMOTE_CLOSE.number: self.on_session_remote_close,
-            Event.LINK_REMOTE_OPEN.number: self.on_link_remote_open,
-            Event.LINK_REMOTE_DETACH.number: self.on_link_remote_detach,
-            Event.LINK_REMOTE_CLOSE.number: self.on_link_remote_close,
-            Event.TRANSPORT_ERROR.number: self.on_transport_error,
-            Event.TRANSPORT_TAIL_CLOSED.number: self.on_transport_tail_closed,
-        }
-
     def dispatch(self, ev: Event) -> None:
-        fn = self._table.get(ev.type.number)
-        if fn is not None:
-            fn(ev)
+        name = _EVENT_METHODS.get(ev.type.number)
+        if name is not None:
+            getattr(self, name)(ev)
+
+    def release(self) -> None:
+        """The socket is gone and the connection has ended: drop the references that
+        make the handler, its protocol and proton's transport a cycle, so they are
+        freed at once (by reference counting) instead of waiting for a collection
+        that an idle broker never runs (cli.tune_gc)."""
+        self.attacher = None
+        self.consumers = []
+        self.endpoints = {}
+        self.ended_deliveries.clear()
 
     # ------------------------------------------------------------------ connection
 

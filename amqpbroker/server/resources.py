@@ -6,17 +6,16 @@
   raised to the hard one; while running, sockets beyond `limit - RESERVE` are closed
   at accept (the reserve keeps the store, its writer pipe and the management API
   working), a warning is logged when 90 % are in use, and both show as metrics.
-* **Memory after a burst.**  The broker runs with everything from start-up frozen and
-  a young-generation GC threshold of 50,000 (cli.tune_gc), so once traffic stops no
-  collection runs, and closed connections (the protocol, its handler and proton's
-  transport refer to each other) keep their buffers; glibc also keeps freed memory
-  mapped.  After a burst of connections closing or bytes moving, once quiet, one full
-  collection and a heap trim give it back.
+* **Memory after a burst.**  glibc keeps freed memory mapped (a burst of large or
+  partial deliveries leaves the broker at its peak RSS for good).  After a burst of
+  connections closing or bytes moving, once traffic is low for QUIET_FOR, a heap trim
+  gives it back.  Closed connections hold no reference cycle (ConnectionHandler.release),
+  so they are freed at once, without waiting for a garbage collection an idle broker,
+  with its raised thresholds (cli.tune_gc), would never run.
 """
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import resource
@@ -30,7 +29,9 @@ log = logging.getLogger("amqpbroker.resources")
 RESERVE = 64                 # descriptors kept for the store, pipes, the management API, logs
 WARN_SHARE = 0.9
 CHECK_INTERVAL = 5.0         # seconds between counts of the open descriptors
-QUIET_FOR = 2.0              # seconds without closes or big traffic before memory is given back
+QUIET_FOR = 2.0              # seconds of little traffic before memory is given back
+QUIET_BYTES = 8 << 20        # "little": fewer message bytes than this in the window ...
+QUIET_CLOSES = 4             # ... and no more connections closed than this
 CLOSES_WORTH_IT = 32         # connections closed since the last give-back that make one worth it
 BYTES_WORTH_IT = 64 << 20    # or message bytes received since
 
@@ -67,7 +68,8 @@ class ResourceWatch:
         self._warned_at = 0.0
         self._closes = 0
         self._bytes = 0
-        self._last_activity = 0.0
+        self._recent_bytes = 0
+        self._recent_closes = 0
         self._quiet_timer: Any = None
         self.given_back_total = 0
         self._timer = loop.call_later(CHECK_INTERVAL, self._check)
@@ -95,31 +97,34 @@ class ResourceWatch:
 
     def connection_closed(self) -> None:
         self._closes += 1
-        self._activity()
+        self._recent_closes += 1
+        self._maybe_arm()
 
     def bytes_moved(self, n: int) -> None:
         self._bytes += n
-        if self._bytes >= BYTES_WORTH_IT:
-            self._activity()
+        self._recent_bytes += n
+        if self._bytes >= BYTES_WORTH_IT and self._quiet_timer is None:
+            self._maybe_arm()
 
-    def _activity(self) -> None:
-        self._last_activity = time.monotonic()
+    def _maybe_arm(self) -> None:
         if self._quiet_timer is None and (self._closes >= CLOSES_WORTH_IT or self._bytes >= BYTES_WORTH_IT):
+            self._recent_bytes = self._recent_closes = 0
             self._quiet_timer = self.loop.call_later(QUIET_FOR, self._when_quiet)
 
     def _when_quiet(self) -> None:
-        quiet = time.monotonic() - self._last_activity
-        if quiet < QUIET_FOR:
-            self._quiet_timer = self.loop.call_later(QUIET_FOR - quiet, self._when_quiet)
+        """QUIET_FOR after a burst: give memory back once a window passes with little
+        traffic (a trickle, such as a health check, does not count as busy)."""
+        if self._recent_bytes > QUIET_BYTES or self._recent_closes > QUIET_CLOSES:
+            self._recent_bytes = self._recent_closes = 0
+            self._quiet_timer = self.loop.call_later(QUIET_FOR, self._when_quiet)
             return
         self._quiet_timer = None
         self._closes = self._bytes = 0
         started = time.perf_counter()
-        collected = gc.collect()
-        trim_heap()
+        trimmed = trim_heap()
         self.given_back_total += 1
-        log.debug("memory given back after a burst: %d objects collected, heap trimmed in %.3f s",
-                  collected, time.perf_counter() - started)
+        log.debug("memory given back after a burst (heap trimmed: %s) in %.3f s", trimmed,
+                  time.perf_counter() - started)
 
     def close(self) -> None:
         self._timer.cancel()

@@ -452,12 +452,11 @@ class WriterChannel:
             return
         self._burst_bytes = 0
         try:
-            collected, seconds = give_back_memory()
-        except Exception as exc:   # (MemoryError in the collection) nothing to give back then
+            _, seconds = give_back_memory()
+        except Exception as exc:   # nothing to give back then
             log.debug("store at %s: giving memory back failed: %s", self.path, exc)
             return
-        log.debug("store at %s idle after a burst: %d unreachable object(s) collected, heap trimmed in %.3f s",
-                  self.path, collected, seconds)
+        log.debug("store at %s idle after a burst: heap trimmed in %.3f s", self.path, seconds)
 
     def _flush_with(self, writer: subprocess.Popen, timeout: float = 30.0) -> None:
         self._handoff()

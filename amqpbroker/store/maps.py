@@ -9,7 +9,6 @@ the kernel's page cache and a later read faults a page back in.  Used by the bro
 from __future__ import annotations
 
 import ctypes
-import gc
 import sys
 import time
 from pathlib import Path
@@ -86,17 +85,12 @@ def trim_heap() -> bool:
 
 
 def give_back_memory() -> tuple[int, float]:
-    """After a burst, when idle: collect unreachable cycles, then trim the C heap;
-    (objects collected, seconds taken).
+    """After a burst, when idle: trim the C heap; (0, seconds taken).
 
-    Why a full collection: the broker runs with a young-generation threshold of
-    50,000 and everything from start-up frozen (cli.tune_gc), so once traffic stops
-    no collection runs at all, and garbage in reference cycles stays.  After a
-    durable burst from 8 producers that was 250 MB: the closed connections of the
-    burst (AmqpProtocol, its handler and proton Transport refer to each other)
-    holding proton's buffers.  The collection costs ~0.1 s per million tracked
-    objects, once per burst, on an idle store."""
+    No garbage collection here: closed connections hold no reference cycle
+    (server/handlers.py ConnectionHandler.release), so what a burst freed is freed
+    already, and a full collection would stall every connection of a broker holding
+    millions of objects.  glibc keeps freed memory mapped until trimmed."""
     started = time.perf_counter()
-    collected = gc.collect()
     trim_heap()
-    return collected, time.perf_counter() - started
+    return 0, time.perf_counter() - started
