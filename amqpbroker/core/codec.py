@@ -41,10 +41,18 @@ class DecodeError(ValueError):
     """The bytes are not valid AMQP encoded data."""
 
 
+class TextError(DecodeError):
+    """Well-formed encoding whose text does not decode (invalid UTF-8, a symbol that
+    is not ASCII, a char beyond U+10FFFF): the structure is sound, so a reader may
+    answer for the one field (a link refused) rather than the whole frame."""
+
+
 # Nesting of lists, maps, arrays and described values a decode goes through at most:
 # deeper data is refused (DecodeError) instead of exhausting Python's stack.  No AMQP
 # message or performative a client sends comes near it.
 MAX_DEPTH = 64
+# Zero-width elements an array may declare beyond its byte count (see _array).
+ZERO_WIDTH_ALLOWANCE = 64
 _depth = 0   # current nesting (decoding runs on one thread at a time: the event loop)
 
 
@@ -112,8 +120,8 @@ def decode(buf: bytes, off: int = 0) -> tuple[Any, int]:
     except (IndexError, struct.error) as exc:
         raise DecodeError(f"truncated value at offset {off}") from exc
     except UnicodeDecodeError as exc:
-        raise DecodeError(f"invalid {exc.encoding} text at offset {off}") from exc
-    except (ValueError, OverflowError) as exc:
+        raise TextError(f"invalid {exc.encoding} text at offset {off}") from exc
+    except (ValueError, OverflowError, TypeError) as exc:
         raise DecodeError(f"invalid value at offset {off}: {exc}") from exc
 
 
@@ -194,7 +202,12 @@ def _compound(wide: bool, as_map: bool):
             if count % 2:
                 raise DecodeError("map with an odd number of elements")
             it = iter(items)
-            return dict(zip(it, it)), end
+            try:
+                return dict(zip(it, it)), end
+            except TypeError as exc:
+                # AMQP allows any key, but no map the broker reads (annotations,
+                # application-properties, fields) has a list, map or described key.
+                raise DecodeError(f"map key of an unsupported type at offset {off}: {exc}") from exc
         return items, end
 
     return read
@@ -213,9 +226,12 @@ def _array(wide: bool):
             raise DecodeError(f"invalid array element constructor 0x{code:02x}")
         off += 1
         # Elements of a zero-width constructor (null, true, false, 0) take no bytes:
-        # a few bytes could declare billions of them (amplification).  No more
-        # elements than the data has bytes, whatever their width.
-        if count > max(end - off, 0) and (count > len(buf) or _FIXED.get(code >> 4) != 0):
+        # a few bytes could declare billions of them (amplification), and arrays of
+        # such arrays multiply.  No more elements than the array has bytes (plus a
+        # small allowance for zero-width ones), so a decode costs at most a few
+        # values per byte of input, however it nests.
+        room = max(end - off, 0)
+        if count > room and (count > room + ZERO_WIDTH_ALLOWANCE or _FIXED.get(code >> 4) != 0):
             raise DecodeError(f"array of {count} elements in {end - off} bytes at offset {off}")
         items = []
         for _ in range(count):
@@ -235,8 +251,21 @@ def _described(buf: bytes, off: int) -> tuple[Any, int]:
     return Described(descriptor, value), off
 
 
+def _exactly(buf: bytes, off: int, n: int) -> bytes:
+    """`n` bytes at `off`: a DecodeError when the buffer ends before them."""
+    if off + n > len(buf):
+        raise DecodeError(f"truncated value at offset {off}")
+    return bytes(buf[off:off + n])
+
+
+def _char(point: int) -> char:
+    if point > 0x10FFFF:
+        raise TextError(f"char U+{point:X} is beyond U+10FFFF")
+    return char(chr(point))
+
+
 def _uuid(buf: bytes, off: int) -> tuple[uuid.UUID, int]:
-    return uuid.UUID(bytes=bytes(buf[off:off + 16])), off + 16
+    return uuid.UUID(bytes=_exactly(buf, off, 16)), off + 16
 
 
 _READERS: dict[int, Callable[[bytes, int], tuple[Any, int]]] = {
@@ -263,8 +292,8 @@ _READERS: dict[int, Callable[[bytes, int], tuple[Any, int]]] = {
     0x82: _fixed(_f64, 8),
     0x74: lambda buf, off: (decimal32(_u32(buf, off)[0]), off + 4),
     0x84: lambda buf, off: (decimal64(_u64(buf, off)[0]), off + 8),
-    0x94: lambda buf, off: (decimal128(bytes(buf[off:off + 16])), off + 16),
-    0x73: lambda buf, off: (char(chr(_u32(buf, off)[0])), off + 4),
+    0x94: lambda buf, off: (decimal128(_exactly(buf, off, 16)), off + 16),
+    0x73: lambda buf, off: (_char(_u32(buf, off)[0]), off + 4),
     0x83: _fixed(_i64, 8, timestamp),
     0x98: _uuid,
     0xA0: _bytes(None, False),

@@ -22,6 +22,8 @@ from .queues import Entry, Outcome, Queue
 
 UNKNOWN_ID = "amqp:transaction:unknown-id"
 ROLLBACK = "amqp:transaction:rollback"
+INVALID_FIELD = "amqp:invalid-field"
+MAX_TXN_ID = 32   # bytes; the ids this broker declares have 12
 
 
 class TransactionError(Exception):
@@ -62,13 +64,20 @@ class TransactionRegistry:
         self._open[txn_id] = txn
         return txn
 
-    def get(self, txn_id: bytes) -> Transaction:
-        txn = self._open.get(bytes(txn_id))
+    def get(self, txn_id: object) -> Transaction:
+        """The open transaction a peer named.  A txn-id is binary (AMQP 1.0 §4.5.4);
+        anything else, or an id longer than any this broker hands out, names none:
+        it is neither converted (bytes(n) of an integer n allocates n bytes) nor
+        echoed whole."""
+        if not isinstance(txn_id, (bytes, bytearray, memoryview)):
+            raise TransactionError(INVALID_FIELD, f"txn-id must be binary, not {type(txn_id).__name__}")
+        txn_id = bytes(txn_id[:MAX_TXN_ID + 1])
+        txn = self._open.get(txn_id) if len(txn_id) <= MAX_TXN_ID else None
         if txn is None:
-            raise TransactionError(UNKNOWN_ID, f"unknown transaction id {bytes(txn_id).hex()}")
+            raise TransactionError(UNKNOWN_ID, f"unknown transaction id {txn_id[:MAX_TXN_ID].hex()}")
         return txn
 
-    def take(self, txn_id: bytes) -> Transaction:
+    def take(self, txn_id: object) -> Transaction:
         """Remove a transaction for discharge."""
         txn = self.get(txn_id)
         del self._open[txn.txn_id]

@@ -9,7 +9,14 @@ connection is closed at once with the error AMQP 1.0 gives for it:
 
 * `begin` on a channel in use (§2.5.1: a channel carries one session at a time),
   `open` twice (§2.4.1): `amqp:not-allowed`;
-* `attach` with a handle in use on its session (§2.6.2, §2.8.16): `amqp:session:handle-in-use`.
+* `attach` with a handle in use on its session (§2.6.2, §2.8.16): `amqp:session:handle-in-use`;
+* a performative before `open` (§2.4.1: open is the first frame): `amqp:not-allowed`;
+* a frame header with a size below 8 or a data offset below 2 (§2.3.1), refused as
+  soon as the header is in rather than after `size` bytes arrive:
+  `amqp:connection:framing-error`;
+* a watched performative that does not decode (truncated, nested too deep, arrays
+  that declare more elements than they have bytes: proton would spend a second of
+  the loop building millions of values): `amqp:decode-error`.
 
 It keeps only what it must: the 8-byte frame header, and the body of the few
 performatives it looks into (open, begin, attach, detach, end: small frames).
@@ -20,7 +27,9 @@ from __future__ import annotations
 
 import struct
 
-from .codec import DecodeError, decode
+from proton import Described, symbol, ulong
+
+from .codec import DecodeError, TextError, decode, encode
 
 AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
 
@@ -33,6 +42,8 @@ MAX_WATCHED_BODY = 1 << 20
 
 NOT_ALLOWED = "amqp:not-allowed"
 HANDLE_IN_USE = "amqp:session:handle-in-use"
+FRAMING_ERROR = "amqp:connection:framing-error"
+DECODE_ERROR = "amqp:decode-error"
 
 
 class FrameGuard:
@@ -69,8 +80,9 @@ class FrameGuard:
                 body_at = pos + doff * 4
                 if size >= _HEADER.size and doff >= 2 and (
                         kind != 0 or size == _HEADER.size
-                        or (body_at + 3 <= total and (data[body_at + 2] not in _WATCHED
-                                                      or data[body_at] != 0 or data[body_at + 1] != 0x53))):
+                        or (size >= doff * 4 + 3 and body_at + 3 <= total
+                            and (data[body_at + 2] not in _WATCHED
+                                 or data[body_at] != 0 or data[body_at + 1] != 0x53))):
                     end = pos + size
                     if end > total:
                         self._skip = end - total
@@ -114,9 +126,9 @@ class FrameGuard:
                 return None
             size, doff, kind, channel = _HEADER.unpack(buf)
             if size < _HEADER.size or doff < 2:
-                buf.clear()
-                self._skip = 0
-                return None      # malformed: the engine reports it (framing-error)
+                return FRAMING_ERROR, f"frame header with size {size} and data offset {doff}"
+            if size < doff * 4:
+                return FRAMING_ERROR, f"frame of {size} bytes with its body at {doff * 4}"
             self._frame = (size, doff * 4, channel)
             if kind != 0 or size == _HEADER.size:   # not an AMQP frame, or an empty one
                 return self._pass()
@@ -125,6 +137,8 @@ class FrameGuard:
         if not self._watched:
             if len(buf) < min(size, body_at + 3):
                 return None
+            if _body_too_short(size, body_at):
+                return DECODE_ERROR, f"frame body of {size - body_at} bytes holds no performative"
             code = buf[body_at + 2] if buf[body_at:body_at + 2] == b"\x00\x53" else None
             if code not in _WATCHED or size - body_at > MAX_WATCHED_BODY:
                 return self._pass()
@@ -132,10 +146,21 @@ class FrameGuard:
         if len(buf) < size:
             return None
         code = buf[body_at + 2]
-        fields = _fields(bytes(buf[body_at + 3:size]))
+        body = bytes(buf[body_at + 3:size])
         buf.clear()
         self._frame = None
         self._watched = False
+        try:
+            fields, _ = decode(body)
+        except TextError:
+            # Sound structure, a string or symbol that does not decode: the link or
+            # connection that carries it is answered by the reader of that field
+            # (server/peer_fields.py), the rest of the connection goes on.
+            fields = []
+        except DecodeError as exc:
+            return DECODE_ERROR, f"performative 0x{code:02x} does not decode: {exc}"
+        if not isinstance(fields, list):
+            return DECODE_ERROR, f"performative 0x{code:02x} is not a list"
         return self._check(code, channel, fields)
 
     def _pass(self) -> None:
@@ -144,9 +169,10 @@ class FrameGuard:
         self._skip = size - len(self._buf)
         self._buf.clear()
         self._frame = None
-        return None
 
     def _check(self, code: int, channel: int, fields: list) -> tuple[str, str] | None:
+        if code != OPEN and not self._opened:
+            return NOT_ALLOWED, f"performative 0x{code:02x} before open"
         if code == OPEN:
             if self._opened:
                 return NOT_ALLOWED, "open received twice on one connection"
@@ -167,23 +193,31 @@ class FrameGuard:
         elif code == DETACH:
             handles = self._handles.get(channel)
             handle = _field(fields, 0)
-            if handles is not None:
+            if handles is not None and isinstance(handle, int):
                 handles.discard(handle)
         return None
 
 
-def _fields(body: bytes) -> list:
-    """A performative's fields (a described list); [] when they do not decode (the
-    engine reports that itself)."""
-    try:
-        value, _ = decode(body)
-    except DecodeError:
-        return []
-    return value if isinstance(value, list) else []
+CLOSE, ERROR = 0x18, 0x1D
+
+
+def close_frame(condition: str, description: str) -> bytes:
+    """A `close` frame carrying an error (AMQP 1.0 §2.7.9, §2.8.14), for a peer
+    whose `open` never came: the engine writes its own `open` but holds its
+    `close` until the peer's `open` arrives, which after a violation it will not."""
+    error = Described(ulong(ERROR), [symbol(condition), description[:512]])
+    body = b"\x00\x53\x18" + encode([error])
+    return _HEADER.pack(_HEADER.size + len(body), 2, 0, 0) + body
+
+
+def _body_too_short(size: int, body_at: int) -> bool:
+    """A frame with a body too short for a performative's descriptor and code (an
+    empty body is a heartbeat, AMQP 1.0 §2.4.5)."""
+    return body_at < size < body_at + 3
 
 
 def _field(fields: list, index: int) -> object:
     return fields[index] if index < len(fields) else None
 
 
-__all__ = ["FrameGuard", "HANDLE_IN_USE", "NOT_ALLOWED"]
+__all__ = ["DECODE_ERROR", "FRAMING_ERROR", "HANDLE_IN_USE", "NOT_ALLOWED", "FrameGuard", "close_frame"]

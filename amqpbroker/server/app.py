@@ -24,7 +24,7 @@ from ..store.base import Store
 from ..store.durability import DurabilityManager
 from ..store.lmdb_store import LmdbStore
 from .engine import AmqpProtocol
-from .peer_fields import symbols
+from .peer_fields import link_name, symbols
 from .resources import ResourceWatch
 from .refusal import AttachRefused
 from .sasl import SaslPolicy
@@ -211,7 +211,9 @@ class BrokerServer:
         log.info("link '%s' of container %s stolen by a new attach", link.name, handler.container_id)
 
     def forget_link(self, handler: Any, link: Link) -> None:
-        key = (handler.container_id, link.name, link.is_sender)
+        # A link refused for its name (invalid UTF-8) was never registered; its safe
+        # rendering matches no live link of this handler.
+        key = (handler.container_id, link_name(link), link.is_sender)
         current = self.live_links.get(key)
         if current is not None and current[0] is handler and current[1] == link:
             del self.live_links[key]

@@ -74,7 +74,7 @@ class Coordinator(Producer):
 
     def _discharge(self, dlv: Any, txn_id: Any, fail: bool) -> None:
         try:
-            txn = self.txns.take(bytes(txn_id or b""))
+            txn = self.txns.take(txn_id if txn_id is not None else b"")
         except TransactionError as exc:
             self.settle_in_order(dlv, REJECTED, Condition(exc.condition, exc.description))
             return
@@ -97,10 +97,11 @@ class Coordinator(Producer):
         store.after_commit(lambda error: self._committed([slot], error, ROLLBACK, "commit"))
 
 
-def transactional_txn_id(dlv: Any) -> bytes:
-    """The txn-id of a transfer or disposition in transactional-state."""
+def transactional_txn_id(dlv: Any) -> object:
+    """The txn-id of a transfer or disposition in transactional-state, as the peer
+    sent it (TransactionRegistry.get checks its type)."""
     data = Delivery.wrap(dlv).remote.data or []
-    return bytes(data[0]) if data else b""
+    return data[0] if data else b""
 
 
 def stage_send(handler: "ConnectionHandler", producer: Producer, dlv: Any, msg: Message, target: Any) -> None:
@@ -118,7 +119,7 @@ def stage_send(handler: "ConnectionHandler", producer: Producer, dlv: Any, msg: 
 def stage_ack(handler: "ConnectionHandler", consumer: "LinkConsumer", dlv: Delivery, entry: Any) -> None:
     """A settled disposition in transactional-state{txn, outcome}: applied at discharge."""
     data = dlv.remote.data or []
-    txn_id = bytes(data[0]) if data else b""
+    txn_id = data[0] if data else b""
     outcome_value = data[1] if len(data) > 1 else None
     try:
         txn = handler.server.transactions.get(txn_id)

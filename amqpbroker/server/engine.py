@@ -88,6 +88,7 @@ class AmqpProtocol(asyncio.Protocol):
         self.hold = OutputHold()   # output waits for a store commit (hold_for_store)
         self.guard: FrameGuard | None = None   # protocol checks proton does not make
         self._discard_input = False             # after a protocol violation: closing
+        self._last_words = b""                  # a close frame to write after the engine's output
         self.address = "?"                      # the peer's source address (limits, throttling)
         self._handshaking = False               # counted by the server's HandshakeGate
         self._held: bytearray | None = None     # input held while a throttle delay runs
@@ -309,9 +310,11 @@ class AmqpProtocol(asyncio.Protocol):
             pop(coll)
         self.mark_dirty()
 
-    def stop_reading(self) -> None:
-        """A protocol violation: read nothing more, close once the output is written."""
+    def stop_reading(self, last_words: bytes = b"") -> None:
+        """A protocol violation: read nothing more, close once the output is written
+        (followed by `last_words`: a close frame the engine would not send)."""
         self._discard_input = True
+        self._last_words = last_words
         self.mark_dirty()
 
     def mark_dirty(self) -> None:
@@ -358,10 +361,16 @@ class AmqpProtocol(asyncio.Protocol):
             if not self.closed:
                 self.sock.write(out)
             pending = t.pending()
+        handler = self.handler
+        if handler is not None and handler.free_after_output:
+            handler.output_written()   # links whose last dispositions just went out
         if (pending < 0 or self._discard_input) and not self.closed:
             # Output side finished (close frame sent, or a transport error), or a
             # protocol violation: whatever the engine would still say has been written
-            # (it sends no close before the peer's open, which will not come now).
+            # (it sends no close before the peer's open, which will not come now:
+            # the handler gave that close as last words).
+            if self._discard_input and self._last_words:
+                self.sock.write(self._last_words)
             self.closed = True
             self.sock.close()
             return

@@ -18,6 +18,7 @@ from ..core.broker import QueueLimit
 from ..core.message import MalformedMessage, Message
 from ..core.queues import LifetimePolicy
 from ..core.settlement import LinkEnding
+from ..core.wire import close_frame
 from ..security.guard import UNAUTHORIZED
 from ..core.subscriptions import RESOURCE_LIMIT, DetachAction
 from dataclasses import replace
@@ -73,6 +74,10 @@ class ConnectionHandler:
         self.endpoints: dict[int, Any] = {}       # id(link impl) → LinkConsumer / Producer
         self.consumers: list[LinkConsumer] = []
         self.ended_deliveries = EndedDeliveries(protocol.loop)
+        # Producers no longer endpoints whose settlements still wait on a store commit
+        # (raw pn_link_t* → Producer): see _release and on_session_remote_close.
+        self.settling: dict[Any, Producer] = {}
+        self.free_after_output: list[Link] = []   # links to free once their dispositions are written
         self.attacher = ConsumerAttacher(self)
     def dispatch(self, ev: Event) -> None:
         name = _EVENT_METHODS.get(ev.type.number)
@@ -87,6 +92,8 @@ class ConnectionHandler:
         self.attacher = None
         self.consumers = []
         self.endpoints = {}
+        self.settling = {}
+        self.free_after_output = []
         self.ended_deliveries.clear()
 
     # ------------------------------------------------------------------ connection
@@ -155,7 +162,8 @@ class ConnectionHandler:
             conn.open()
         conn.condition = Condition(condition, description)
         conn.close()
-        self.protocol.stop_reading()
+        peer_opened = conn.state & (Endpoint.REMOTE_ACTIVE | Endpoint.REMOTE_CLOSED)
+        self.protocol.stop_reading(b"" if peer_opened else close_frame(condition, description))
         log.warning("connection %s (container %s) closed: protocol violation: %s: %s",
                     self.protocol.peer, self.container_id, condition, description)
         self._end(f"protocol violation: {condition}", LinkEnding.CONNECTION_LOST)
@@ -188,6 +196,10 @@ class ConnectionHandler:
         for endpoint in list(self.endpoints.values()):
             self._release(endpoint, closed=False, ending=ending)
         self.endpoints.clear()
+        for producer in self.settling.values():
+            producer.abandon()   # the connection's deliveries go with it
+        self.settling.clear()
+        self.free_after_output.clear()
         self.ended_deliveries.clear()
         for sub in self.server.subscriptions.owned_by(self):
             self.server.subscriptions.delete(sub)
@@ -222,13 +234,26 @@ class ConnectionHandler:
         while link:
             if link.session == session:
                 self.server.forget_link(self, link)
-                endpoint = self.endpoints.pop(link_key(link), None)
+                key = link_key(link)
+                endpoint = self.endpoints.pop(key, None)
                 if endpoint is not None:
                     self.links -= 1
                     self._release(endpoint, closed=False, ending=LinkEnding.SESSION_ENDED)
-                    if isinstance(endpoint, Producer):
-                        endpoint.abandon()
+                # Every producer of this session with settlements still waiting on the
+                # store, including one whose link was detached earlier (it left
+                # `endpoints` then): session.free() below frees its link and the
+                # link's deliveries, which the commit callback would otherwise update
+                # and settle afterwards (use-after-free: detach + end before a
+                # durable transfer's commit crashed the broker).
+                producer = self.settling.pop(key, None)
+                if producer is not None:
+                    producer.abandon()
+                elif isinstance(endpoint, Producer):
+                    endpoint.abandon()
             link = link.next(0)
+        if self.free_after_output:   # freed below, with the session: not twice
+            self.free_after_output = [k for k in self.free_after_output
+                                      if lib.pn_link_session(k._impl) != session._impl]
         self.ended_deliveries.session_ended(session._impl)
         for sub in self.server.subscriptions.owned_by(session_key(session)):
             self.server.subscriptions.delete(sub)
@@ -391,8 +416,12 @@ class ConnectionHandler:
         """Free a link both ends have detached, so that a long-lived connection whose
         application opens and closes consumers (JmsTemplate) does not grow.  Not while
         its deliveries may still be touched: settlements waiting for a store commit
-        (freed with the connection), late outcomes (EndedDeliveries frees it after)."""
+        (freed once they drain, settled_after_release; or abandoned if the session
+        ends first), late outcomes (EndedDeliveries frees it after)."""
         if isinstance(endpoint, Producer) and endpoint.in_order:
+            # pn_link_free settles and frees the link's deliveries, and the pending
+            # commit callback would then update them: wait for it.
+            endpoint.free_when_settled = True
             return
         if endpoint is None:
             return   # ended by the broker earlier: it may still hold deliveries
@@ -445,7 +474,31 @@ class ConnectionHandler:
             endpoint.close()
         if isinstance(endpoint, Producer):
             endpoint.stop_flow()
+            endpoint.released = True
+            if endpoint.in_order:
+                # Its accepted-after-commit settlements still hold pn_delivery_t*s: they
+                # are sent once the commit comes (a durable message is accepted only
+                # once stored), unless the session ends first; until then the link
+                # and its session must not be freed without abandoning them.
+                self.settling[endpoint.impl] = endpoint
         return None
+
+    def settled_after_release(self, producer: Producer) -> None:
+        """A released producer's last waiting settlement was made: its link may be
+        freed (if _free deferred it) once the transport has written those
+        dispositions; freed now, proton would drop them unsent."""
+        self.settling.pop(producer.impl, None)
+        if producer.free_when_settled:
+            producer.free_when_settled = False
+            if not self.ended:
+                self.free_after_output.append(producer.link)
+
+    def output_written(self) -> None:
+        """The transport's output is all on the socket (AmqpProtocol.flush)."""
+        links, self.free_after_output = self.free_after_output, []
+        if not self.ended:
+            for link in links:
+                link.free()
 
     def _consumer_gone(self, consumer: LinkConsumer, closed: bool) -> Condition | None:
         queue = consumer.queue
@@ -474,8 +527,12 @@ class ConnectionHandler:
             endpoint.on_flow()
 
     def on_delivery_raw(self, dlv: Any) -> None:
-        endpoint = self.endpoints.get(lib.pn_delivery_link(dlv))
+        link = lib.pn_delivery_link(dlv)
+        endpoint = self.endpoints.get(link)
         if endpoint is None:   # its link has ended: a late disposition
+            producer = self.settling.get(link) if self.settling else None
+            if producer is not None and producer.holds(dlv):
+                return   # settled by drain_settlements when its commit comes, not before
             self.ended_deliveries.on_delivery(dlv)
         else:
             endpoint.on_delivery(dlv)

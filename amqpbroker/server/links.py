@@ -296,6 +296,12 @@ class Producer:
         # Deliveries waiting on one store batch share one commit callback.
         self._batch = -1
         self._batch_slots: list[list] = []
+        # No longer the link's endpoint (detached, ended by the broker, stolen) while
+        # settlements still wait on the store: the handler keeps it in `settling`
+        # until they drain (then frees the link if `free_when_settled`) or its
+        # session ends first (then `abandon`).
+        self.released = False
+        self.free_when_settled = False
         link.flow(credit)
 
     def on_delivery(self, dlv: Any) -> None:
@@ -412,10 +418,27 @@ class Producer:
             elif state is not None:
                 lib.pn_delivery_update(dlv, state)
             lib.pn_delivery_settle(dlv)
+        if self.released and not q:
+            self.handler.settled_after_release(self)
+
+    def holds(self, dlv: Any) -> bool:
+        """Whether this delivery waits in the settlement order (a raw pn_delivery_t*)."""
+        return any(slot[0] == dlv for slot in self.in_order)
 
     def abandon(self) -> None:
-        """The link or connection ended: deliveries waiting on the store get no answer."""
+        """The session or connection ended: deliveries waiting on the store get no
+        answer (nothing can be settled on an ended session, AMQP 1.0 §2.5.2).  The
+        messages stay stored: they were received, only the outcome is lost.
+
+        Called before the session (and so the link and its deliveries) is freed: the
+        commit callbacks still hold these slots, and must find no pn_delivery_t*
+        in them to update or settle afterwards (that was a use-after-free)."""
+        for slot in self.in_order:
+            slot[0] = None
         self.in_order.clear()
+        self._batch_slots = []
+        self._batch = -1
+        self.free_when_settled = False
         self.stop_flow()
 
     def stop_flow(self) -> None:

@@ -22,36 +22,52 @@ DECODE_ERROR = "amqp:decode-error"
 INVALID_FIELD = "amqp:invalid-field"
 
 
+# What reading a field the peer sent can raise.  RecursionError: proton builds
+# nested values recursively, and a field nested deeper than the guard's decode
+# limit can still come in a frame too big for core/wire.py to look into.
+_UNREADABLE = (UnicodeDecodeError, TypeError, ValueError, AttributeError, RecursionError)
+
+
 def _problem(field: str, exc: Exception) -> tuple[str, str]:
     if isinstance(exc, UnicodeDecodeError):
         return DECODE_ERROR, f"{field} is not valid {exc.encoding} text"
+    if isinstance(exc, RecursionError):
+        return DECODE_ERROR, f"{field} is nested too deep"
     return INVALID_FIELD, f"{field} has the wrong type ({exc})"
 
 
 def open_problem(conn: Any) -> tuple[str, str] | None:
     """(condition, description) when a field of the peer's open cannot be read."""
-    for field, read in (("container-id", lambda: conn.remote_container),
+    for field, read in (("container-id", lambda: _mandatory(conn.remote_container)),
                         ("hostname", lambda: conn.remote_hostname),
                         ("desired-capabilities", lambda: symbols(conn.remote_desired_capabilities)),
                         ("offered-capabilities", lambda: symbols(conn.remote_offered_capabilities)),
                         ("properties", lambda: conn.remote_properties)):
         try:
             read()
-        except (UnicodeDecodeError, TypeError, ValueError, AttributeError) as exc:
+        except _UNREADABLE as exc:
             return _problem(field, exc)
     return None
 
 
 def attach_problem(link: Any) -> tuple[str, str] | None:
     """(condition, description) when a field of the peer's attach cannot be read."""
-    for field, read in (("name", lambda: link.name),
+    for field, read in (("name", lambda: _mandatory(link.name)),
                         ("source", lambda: read_source(link.remote_source)),
                         ("target", lambda: read_target(link.remote_target))):
         try:
             read()
-        except (UnicodeDecodeError, TypeError, ValueError, AttributeError) as exc:
+        except _UNREADABLE as exc:
             return _problem(f"link {field}", exc)
     return None
+
+
+def _mandatory(value: Any) -> Any:
+    """A field AMQP 1.0 marks mandatory (open's container-id §2.7.1, attach's name
+    §2.7.3): null is the wrong type."""
+    if value is None:
+        raise TypeError("a mandatory field is null")
+    return value
 
 
 def symbols(value: Any) -> list[str]:

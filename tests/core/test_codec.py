@@ -62,6 +62,14 @@ def _deep_list(depth: int) -> bytes:
     return inner
 
 
+def _nested_null_arrays(outer: int, inner: int | None = None) -> bytes:
+    """An array of `outer` arrays of nulls, each declaring `inner` elements (by
+    default as many as the whole buffer has bytes)."""
+    count = 9 * outer + 10 if inner is None else inner
+    body = b"\xf0" + (struct.pack(">II", 5, count) + b"\x40") * outer
+    return b"\xf0" + struct.pack(">II", 4 + len(body), outer) + body
+
+
 HOSTILE = {
     "invalid UTF-8 string": b"\xa1\x03\xff\xfe\xfd",
     "non-ASCII symbol": b"\xa3\x02\xc3\xa9",
@@ -73,6 +81,12 @@ HOSTILE = {
     "2^32-1 trues in an array": b"\xf0" + struct.pack(">II", 5, 2**32 - 1) + b"\x41",
     "array of ints claiming 10^6 elements": b"\xe0\x02\xff\x71",
     "truncated string": b"\xa1\x10abc",
+    "truncated decimal128": b"\x94\x00",
+    "truncated uuid": b"\x98" + b"\x01" * 15,
+    "map keyed by a list": b"\xc1\x03\x02\x45\x40",
+    "map keyed by a map": b"\xc1\x05\x02\xc1\x01\x00\x40",
+    "map keyed by a described value": b"\xc1\x06\x02\x00\x53\x01\x40\x40",
+    "array of 1,200 arrays of 10,810 nulls each": _nested_null_arrays(1200),
     "invalid constructor": b"\x01",
 }
 
@@ -89,6 +103,15 @@ def test_nesting_up_to_the_limit_decodes():
     for _ in range(codec.MAX_DEPTH - 1):
         (value,) = value
     assert value == []
+
+
+def test_decoding_costs_a_few_values_per_byte_however_arrays_nest():
+    """Arrays of arrays of zero-width elements: each inner array may declare only
+    as many elements as it has bytes (plus an allowance), so the total stays
+    linear in the input."""
+    raw = _nested_null_arrays(100, inner=codec.ZERO_WIDTH_ALLOWANCE)
+    value, _ = codec.decode(raw)
+    assert sum(len(inner) for inner in value) <= 20 * len(raw)
 
 
 def test_a_few_zero_width_elements_in_an_array_are_fine():
