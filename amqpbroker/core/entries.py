@@ -9,7 +9,10 @@ redeliveries keep their original order.
 
 from __future__ import annotations
 
-from collections import deque
+from bisect import bisect_left
+from heapq import merge
+from itertools import islice
+from operator import attrgetter
 from typing import Any, Iterator, Protocol
 
 from .message import Message
@@ -98,63 +101,227 @@ class Entry:
         return self.consumer is not None
 
 
-_EMPTY: tuple = ()   # a priority level nothing was pushed to: no deque (600 bytes each)
+_SEQ = attrgetter("seq")
+BLOCK = 512          # entries per block of a level (a block splits past twice that)
+
+
+class _Level:
+    """One priority's entries in sequence order, as a list of sorted blocks: finding,
+    inserting or removing an entry anywhere costs O(log n + BLOCK), where a deque
+    pays the distance to its nearer end (a selector takes entries from the middle)."""
+
+    __slots__ = ("blocks", "lasts")
+
+    def __init__(self) -> None:
+        self.blocks: list[list[Entry]] = []
+        self.lasts: list[int] = []   # each block's last sequence
+
+    def __len__(self) -> int:
+        return sum(map(len, self.blocks))
+
+    def __iter__(self) -> Iterator[Entry]:
+        for block in self.blocks:
+            yield from block
+
+    def __getitem__(self, i: int) -> Entry:
+        if i < 0:
+            i += len(self)
+        if i < 0:
+            raise IndexError(i)
+        for block in self.blocks:
+            if i < len(block):
+                return block[i]
+            i -= len(block)
+        raise IndexError(i)
+
+    def _find(self, seq: int) -> tuple[int, int]:
+        """(block, index) of the first entry with a sequence of at least `seq`."""
+        b = bisect_left(self.lasts, seq)
+        if b == len(self.blocks):
+            return b, 0
+        return b, bisect_left(self.blocks[b], seq, key=_SEQ)
+
+    def append(self, entry: Entry) -> None:
+        """Add an entry with a sequence above every one in the level."""
+        blocks = self.blocks
+        if blocks and len(blocks[-1]) < BLOCK:
+            blocks[-1].append(entry)
+            self.lasts[-1] = entry.seq
+        else:
+            blocks.append([entry])
+            self.lasts.append(entry.seq)
+
+    def popleft(self) -> Entry:
+        block = self.blocks[0]
+        entry = block.pop(0)
+        if not block:
+            del self.blocks[0], self.lasts[0]
+        return entry
+
+    def add(self, entry: Entry) -> None:
+        blocks, lasts = self.blocks, self.lasts
+        if not blocks or entry.seq > lasts[-1]:
+            self.append(entry)
+            return
+        b, i = self._find(entry.seq)   # a returning entry lands between others
+        block = blocks[b]
+        block.insert(i, entry)
+        if len(block) > 2 * BLOCK:
+            blocks.insert(b + 1, block[BLOCK:])
+            del block[BLOCK:]
+            lasts.insert(b, block[-1].seq)
+
+    def remove(self, entry: Entry) -> bool:
+        b, i = self._find(entry.seq)
+        if b == len(self.blocks) or i >= len(self.blocks[b]) or self.blocks[b][i] is not entry:
+            return False
+        block = self.blocks[b]
+        del block[i]
+        if not block:
+            del self.blocks[b], self.lasts[b]
+        elif i == len(block):
+            self.lasts[b] = block[-1].seq
+        return True
+
+    def __contains__(self, entry: Entry) -> bool:
+        b, i = self._find(entry.seq)
+        return b < len(self.blocks) and i < len(self.blocks[b]) and self.blocks[b][i] is entry
+
+    def window(self, seq: int, n: int) -> list[Entry]:
+        """Up to `n` entries with a sequence of at least `seq`, in order (a copy)."""
+        b, i = self._find(seq)
+        out: list[Entry] = []
+        blocks = self.blocks
+        while b < len(blocks) and len(out) < n:
+            out += blocks[b][i:i + n - len(out)]
+            b, i = b + 1, 0
+        return out
+
+    def pop_below(self, seq: int) -> list[Entry]:
+        out: list[Entry] = []
+        blocks, lasts = self.blocks, self.lasts
+        while blocks and blocks[0][0].seq < seq:
+            if lasts[0] < seq:
+                out += blocks[0]
+                del blocks[0], lasts[0]
+            else:
+                k = bisect_left(blocks[0], seq, key=_SEQ)
+                out += blocks[0][:k]
+                del blocks[0][:k]
+        return out
+
+
+_EMPTY = _Level()   # a priority level nothing was pushed to (shared, never added to)
 
 
 class ReadyList:
-    """Available entries: one deque per priority, each sorted by sequence.  A level
-    gets its deque on its first push, so an idle queue costs a list of ten
-    references, not ten deques (50,000 queues: 30 MB less)."""
+    """Available entries: one _Level per priority, each sorted by sequence.  A level
+    gets its _Level on its first push, so an idle queue costs a list of ten
+    references, not ten levels.
 
-    __slots__ = ("_levels", "_count")
+    Scan marks let a consumer that refuses entries (selector, message group) resume
+    its scan where it stopped instead of examining them again for every message it
+    takes: per consumer and level, every entry below the mark was examined and
+    refused by it.  A push with a sequence above every one pushed before lands past
+    every mark; any other push (an entry coming back, a scheduled or paged-in one
+    overtaken by newer messages) makes its level dirty from its sequence on, and
+    `marks()` lowers every consumer's mark there before the next scan."""
+
+    __slots__ = ("_count", "_dirty", "_high", "_levels", "_marks")
 
     def __init__(self) -> None:
         self._levels: list = [_EMPTY] * PRIORITY_LEVELS
         self._count = 0
+        self._high = 0                              # the highest sequence ever pushed
+        self._dirty: dict[int, int] | None = None   # level -> lowest out-of-order push
+        self._marks: dict[int, list[int]] | None = None   # consumer id -> mark per level
 
     def __len__(self) -> int:
         return self._count
 
-    def push(self, entry: Entry) -> None:
-        level = self._levels[entry.priority]
+    def _level(self, priority: int) -> _Level:
+        level = self._levels[priority]
         if level is _EMPTY:
-            level = self._levels[entry.priority] = deque()
-        if not level or level[-1].seq < entry.seq:
-            level.append(entry)
-        elif entry.seq < level[0].seq:
-            level.appendleft(entry)
-        else:  # a returning entry lands between others: find its slot
-            lo, hi = 0, len(level)
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if level[mid].seq < entry.seq:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            level.insert(lo, entry)
+            level = self._levels[priority] = _Level()
+        return level
+
+    def push(self, entry: Entry) -> None:
+        level = self._level(entry.priority)
         self._count += 1
+        if entry.seq > self._high:   # above every mark (and every entry of its level)
+            self._high = entry.seq
+            level.append(entry)
+        else:
+            self.touch(entry)
+            level.add(entry)
+
+    def put_back(self, entry: Entry) -> None:
+        """Undo pop_first(): the entry goes back in front, marks stay as they are."""
+        self._level(entry.priority).add(entry)
+        self._count += 1
+
+    def touch(self, entry: Entry) -> None:
+        """Record that scans must look at `entry` again (it came back, or a field a
+        selector reads changed): its level is dirty from its sequence on."""
+        dirty = self._dirty
+        if dirty is None:
+            dirty = self._dirty = {}
+        low = dirty.get(entry.priority)
+        if low is None or entry.seq < low:
+            dirty[entry.priority] = entry.seq
+
+    def marks(self, consumer_id: int) -> list[int]:
+        """The consumer's scan marks by level, for the caller to move up as it scans;
+        every consumer's marks are first lowered to the dirty levels' sequences."""
+        dirty, self._dirty = self._dirty, None
+        marks = self._marks
+        if marks is None:
+            marks = self._marks = {}
+        elif dirty:
+            for levels in marks.values():
+                for p, seq in dirty.items():
+                    levels[p] = min(levels[p], seq)
+        own = marks.get(consumer_id)
+        if own is None:
+            own = marks[consumer_id] = [0] * PRIORITY_LEVELS
+        return own
+
+    def forget(self, consumer_id: int | None = None) -> None:
+        """Drop one consumer's scan marks (its link ended), or everyone's (None: a
+        refusal may no longer hold anywhere, e.g. a message group was released)."""
+        if consumer_id is None:
+            self._marks = None
+        elif self._marks is not None:
+            self._marks.pop(consumer_id, None)
 
     def pop_first(self) -> Entry | None:
         for level in reversed(self._levels):
-            if level:
+            blocks = level.blocks
+            if blocks:
                 self._count -= 1
                 return level.popleft()
         return None
 
     def __contains__(self, entry: Entry) -> bool:
-        level = self._levels[entry.priority]
-        lo, hi = 0, len(level)
-        while lo < hi:   # each level is sorted by sequence
-            mid = (lo + hi) // 2
-            if level[mid].seq < entry.seq:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo < len(level) and level[lo] is entry
+        return entry in self._levels[entry.priority]
 
     def remove(self, entry: Entry) -> None:
-        self._levels[entry.priority].remove(entry)
+        if not self._levels[entry.priority].remove(entry):
+            raise ValueError(f"entry {entry.seq} is not ready")
         self._count -= 1
+
+    def level_from(self, priority: int, seq: int, n: int) -> list[Entry]:
+        """Up to `n` entries of one level with a sequence of at least `seq`, in order:
+        a copy, so the caller may remove entries while it goes through them."""
+        return self._levels[priority].window(seq, n)
+
+    def after(self, seq: int, n: int) -> list[Entry]:
+        """Up to `n` entries with a sequence above `seq`, in sequence order whatever
+        their priority (browsing), without sorting the whole list."""
+        parts = [level.window(seq + 1, n) for level in self._levels if level.blocks]
+        if len(parts) == 1:
+            return parts[0]
+        return list(islice(merge(*parts, key=_SEQ), n))
 
     def __iter__(self) -> Iterator[Entry]:
         for level in reversed(self._levels):
@@ -170,7 +337,7 @@ class ReadyList:
         """Remove and return every entry with a sequence number below `seq`."""
         out: list[Entry] = []
         for level in self._levels:
-            while level and level[0].seq < seq:
-                out.append(level.popleft())
+            if level.blocks:
+                out += level.pop_below(seq)
         self._count -= len(out)
         return out

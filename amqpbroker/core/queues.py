@@ -34,13 +34,18 @@ PAGE_IN_BATCH = 2000     # entries per page-in (and the window built at recovery
 # loop turn (the bytes bound what one turn puts in a connection's output at once).
 DISPATCH_SLICE = 256
 DISPATCH_SLICE_BYTES = 4 << 20
+# Entries a dispatch call may examine without handing them over (a selector or a
+# message group says no, a browser's selector skips them) before the rest waits for
+# the next loop turn; scans go through a level SCAN_CHUNK entries at a time.
+SCAN_BUDGET = 4096
+SCAN_CHUNK = 256
 
 
 class Queue(PagedRegion):
     # Slots, not a __dict__: 50,000 idle queues must stay small (≤ 2 KB each).
     __slots__ = (
         "_again", "_browsers", "_deferred", "_delayed", "_dispatching", "_groups", "_pending_page",
-        "_ready", "_rr", "_seq", "_slice", "_slice_bytes", "acked_total", "acquired", "bytes",
+        "_ready", "_rr", "_scan", "_seq", "_slice", "_slice_bytes", "acked_total", "acquired", "bytes",
         "clock", "consumers", "created_at", "creator", "dead_letter", "dead_lettered_total", "defer",
         "deleted", "delivered_total", "durable", "enqueued_total", "exclusivity", "expired_total",
         "hooks", "last_consumer_at", "last_delivered_at", "lifetime", "max_consumers",
@@ -89,6 +94,7 @@ class Queue(PagedRegion):
         self.timers: set | None = None   # the broker's queues with scheduled entries
         self._slice = -1
         self._slice_bytes = 0
+        self._scan = -1               # entries this dispatch call may still examine (-1: no bound)
         self._deferred = False
         # Statistics (management API, metrics).
         self.acquired = 0
@@ -223,9 +229,12 @@ class Queue(PagedRegion):
         except ValueError:
             pass
         self.last_consumer_at = self.clock()
-        for group, owner in list(self._groups.items()):
-            if owner is consumer:
-                del self._groups[group]
+        self._ready.forget(consumer.consumer_id)
+        released = [group for group, owner in self._groups.items() if owner is consumer]
+        for group in released:
+            del self._groups[group]
+        if released:
+            self._ready.forget()   # entries refused as another consumer's group are free now
         # Newest first: the entries a consumer held are usually older than every one
         # still waiting, so each goes to the front of its level (appendleft) instead
         # of being searched into a deque, which costs O(n) per probe.
@@ -251,6 +260,7 @@ class Queue(PagedRegion):
         self._dispatching = True
         self._slice = DISPATCH_SLICE if self.defer is not None else -1
         self._slice_bytes = DISPATCH_SLICE_BYTES
+        self._scan = SCAN_BUDGET if self.defer is not None else -1
         try:
             while True:
                 self._again = False
@@ -290,6 +300,8 @@ class Queue(PagedRegion):
                     continue
                 entry = self._take_for(consumer)
                 if entry is None:
+                    if not self._slice:
+                        return   # the scan budget is spent: the next loop turn goes on
                     continue
                 self._rr = start + i + 1
                 self._hand_over(entry, consumer)
@@ -304,13 +316,25 @@ class Queue(PagedRegion):
             if not consumer.browser:
                 continue
             credit = consumer.credit()
-            if credit <= 0:
-                continue
-            cursor = consumer.browse_cursor
-            fresh = sorted((e for e in self._ready if e.seq > cursor), key=lambda e: e.seq)
-            for entry in fresh:
+            if credit > 0:
+                self._browse_for(consumer, credit)
+            if not self._slice:
+                return
+
+    def _browse_for(self, consumer: ConsumerPort, credit: int) -> None:
+        """Copy the entries after the browser's cursor, in sequence order, a chunk at a
+        time: bounded by its credit, the dispatch slice and the scan budget."""
+        while credit > 0 and self._slice:
+            chunk = self._ready.after(consumer.browse_cursor, SCAN_CHUNK)
+            if not chunk:
+                return
+            for entry in chunk:
                 if credit <= 0 or not self._slice:
-                    break
+                    return
+                if self._scan == 0:
+                    self._slice = 0   # the scan budget is spent: the next loop turn goes on
+                    return
+                self._scan -= 1
                 consumer.browse_cursor = entry.seq
                 if entry.msg is None and not self._load(entry):
                     continue
@@ -323,33 +347,56 @@ class Queue(PagedRegion):
     def _take_for(self, consumer: ConsumerPort) -> Entry | None:
         now = self.clock()
         if not consumer.filtered and not self._groups:
-            while True:
+            while True:   # the usual case: the first entry, with no scan
                 entry = self._ready.pop_first()
                 if entry is None:
                     return None
                 if entry.expires_at is not None and entry.expires_at <= now:
                     self._expire(entry)
                     continue
-                if entry.excluded is None and not self._group_elsewhere(entry, consumer):
+                if entry.excluded is None:
                     return entry
-                self._ready.push(entry)
+                self._ready.put_back(entry)
                 break
-        for entry in self._ready:
-            if entry.expires_at is not None and entry.expires_at <= now:
-                self._ready.remove(entry)
-                self._expire(entry)
-                continue
-            if entry.excluded is not None and consumer.consumer_id in entry.excluded:
-                continue
-            if self._group_elsewhere(entry, consumer):
-                continue
-            if entry.msg is None and not self._load(entry):
-                continue
-            if not consumer.accepts(entry):
-                continue
-            self._ready.remove(entry)
-            return entry
+        return self._scan_for(consumer, now)
+
+    def _scan_for(self, consumer: ConsumerPort, now: float) -> Entry | None:
+        """The first entry, highest priority first, that `consumer` may take.  The
+        scan resumes at the consumer's mark in each level, so every entry is examined
+        once per consumer however many messages it takes; only an entry pushed back
+        below a mark (core/entries.py: scan marks) or a released message group sends
+        a scan back.  Past the scan budget the dispatch waits for the next loop turn."""
+        ready = self._ready
+        marks = ready.marks(consumer.consumer_id)
+        for p in range(PRIORITY_LEVELS - 1, -1, -1):
+            while True:
+                chunk = ready.level_from(p, marks[p], SCAN_CHUNK)
+                for entry in chunk:
+                    if self._scan == 0:
+                        self._slice = 0
+                        return None
+                    self._scan -= 1
+                    marks[p] = entry.seq + 1
+                    if self._may_take(entry, consumer, now):
+                        ready.remove(entry)
+                        return entry
+                if len(chunk) < SCAN_CHUNK:
+                    break
         return None
+
+    def _may_take(self, entry: Entry, consumer: ConsumerPort, now: float) -> bool:
+        """Whether `consumer` may take this ready entry (an expired one is expired)."""
+        if entry.expires_at is not None and entry.expires_at <= now:
+            self._ready.remove(entry)
+            self._expire(entry)
+            return False
+        if entry.excluded is not None and consumer.consumer_id in entry.excluded:
+            return False
+        if self._group_elsewhere(entry, consumer):
+            return False
+        if entry.msg is None and not self._load(entry):
+            return False
+        return consumer.accepts(entry)
 
     def _group_elsewhere(self, entry: Entry, consumer: ConsumerPort) -> bool:
         """Message groups (JMSXGroupID): a group sticks to one consumer while it
@@ -448,6 +495,8 @@ class Queue(PagedRegion):
             self._ready.remove(entry)
             self._dead_letter(entry, f"delivery attempts reached {self.max_delivery_attempts}")
             return
+        if not held:
+            self._ready.touch(entry)   # a selector may read JMSXDeliveryCount: scan it again
         if entry.store_ref is not None and self.hooks is not None:
             self.hooks.entry_updated(self, entry, held)
 
