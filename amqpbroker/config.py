@@ -11,7 +11,7 @@ import ipaddress
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -68,9 +68,9 @@ class LimitsConfig(BaseModel):
     # Characters of a JMS selector in an attach (parsing costs ~4 µs a character, on
     # the loop every client shares); longer ones are refused amqp:invalid-field.
     max_selector_length: int = Field(4096, ge=16)
-    # Producer flow control: while a queue whose consumers are taking messages holds more
-    # than this many ready ones, its producers' credit is not topped up (0: never).
-    flow_control_depth: int = Field(2000, ge=0)
+    # (No implicit producer flow control by consumer speed: producers are held back
+    # only by explicit queue limits with overflow "block", [[queue_limits]], and by
+    # the memory and disk alarms.  docs/operations.md "Queue limits and overflow".)
 
 
 class PolicyConfig(BaseModel):
@@ -96,16 +96,85 @@ class StoreConfig(BaseModel):
     verify_at_start: bool = True
 
 
+class AlarmsConfig(BaseModel):
+    """Memory and disk alarms (core/alarms.py; docs/operations.md "Alarms"): while one
+    is raised, producers get no new credit and consumers keep draining.  Unknown keys
+    are refused: a misspelt threshold must not leave the default in force unnoticed."""
+    model_config = ConfigDict(extra="forbid")
+
+    # Fraction of the memory available (physical, or the cgroup's limit when lower)
+    # the broker's RSS may reach; RabbitMQ's vm_memory_high_watermark default.
+    memory_high_watermark: float = Field(0.4, gt=0, le=1)
+    # Bytes (or "512MiB", "2GB"); replaces the fraction when set.
+    memory_high_watermark_absolute: int | None = Field(None, ge=1)
+    # Free bytes the data dir's filesystem must keep (RabbitMQ's default, 50 MB); 0: off.
+    disk_free_limit: int = Field(50_000_000, ge=0)
+    check_interval: float = Field(1.0, gt=0)                 # seconds between readings
+
+    @field_validator("memory_high_watermark_absolute", "disk_free_limit", mode="before")
+    @classmethod
+    def _bytes(cls, value: Any) -> Any:
+        from .core.alarms import parse_bytes
+        return value if value is None else parse_bytes(value)
+
+
 class ExchangeDecl(BaseModel):
     name: str
     type: Literal["direct", "topic", "fanout"] = "topic"
     durable: bool = True
 
 
+_OVERFLOW = Literal["block", "reject", "drop-head"]
+
+
+class _LimitFields(BaseModel):
+    """Queue limits (core/limits.py): 0 is no limit; `overflow` says what a message
+    meets when the queue is full (docs/operations.md "Queue limits and overflow")."""
+    max_depth: int = Field(0, ge=0)                           # messages held
+    max_bytes: int = Field(0, ge=0)                           # bytes of bodies held ("64MiB")
+    overflow: _OVERFLOW = "block"
+
+    @field_validator("max_bytes", mode="before")
+    @classmethod
+    def _bytes(cls, value: Any) -> Any:
+        from .core.alarms import parse_bytes
+        return parse_bytes(value)
+
+    def queue_limits(self) -> Any:
+        from .core.limits import Overflow, QueueLimits
+        return QueueLimits(self.max_depth, self.max_bytes, Overflow(self.overflow))
+
+
+class QueueLimitDecl(_LimitFields):
+    """A [[queue_limits]] entry: limits for every queue whose name matches `pattern`
+    (`.`-separated words, `*` one word, `#` any number, as [[acl]] patterns); the
+    first match wins.  Unknown keys are refused (a misspelt limit must not vanish)."""
+    model_config = ConfigDict(extra="forbid")
+    pattern: str
+
+
 class QueueDecl(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     name: str
     durable: bool = True
     max_delivery_attempts: int | None = None
+    # Limits declared with the queue (override any [[queue_limits]] pattern); None: the pattern's.
+    max_depth: int | None = Field(None, ge=0)
+    max_bytes: int | None = Field(None, ge=0)
+    overflow: _OVERFLOW | None = None
+
+    @field_validator("max_bytes", mode="before")
+    @classmethod
+    def _bytes(cls, value: Any) -> Any:
+        from .core.alarms import parse_bytes
+        return value if value is None else parse_bytes(value)
+
+    def queue_limits(self) -> Any:
+        """The declared limits, or None when none of the three is set."""
+        if self.max_depth is None and self.max_bytes is None and self.overflow is None:
+            return None
+        from .core.limits import Overflow, QueueLimits
+        return QueueLimits(self.max_depth or 0, self.max_bytes or 0, Overflow(self.overflow or "block"))
 
 
 class BindingDecl(BaseModel):
@@ -202,8 +271,10 @@ class Settings(BaseSettings):
     limits: LimitsConfig = LimitsConfig()
     policy: PolicyConfig = PolicyConfig()
     store: StoreConfig = StoreConfig()
+    alarms: AlarmsConfig = AlarmsConfig()
     exchanges: list[ExchangeDecl] = []
     queues: list[QueueDecl] = []
+    queue_limits: list[QueueLimitDecl] = []                  # limits and overflow by queue-name pattern
     bindings: list[BindingDecl] = []
     duplicate_detection: list[DuplicateDetectionDecl] = []
     management: ManagementConfig = ManagementConfig()

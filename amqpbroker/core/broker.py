@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable
 
 from .addresses import AddressKind, AddressNotFound, Resolution, resolve
 from .exchanges import Binding, BindingFilter, Exchange, ExchangeType
+from .limits import OVERFLOW_REASON, Admission, LimitRule, QueueLimits, limits_for
 from .message import JMS_DEST, MalformedMessage, Message
 from .queues import Entry, ExclusivityPolicy, LifetimePolicy, Queue
 
@@ -31,6 +32,11 @@ class QueueLimit(Exception):
     """A user reached policy.max_queues_per_user (amqp:resource-limit-exceeded)."""
 
 
+class QueueFull(QueueLimit):
+    """A message met a full queue whose overflow is `reject` (core/limits.py):
+    the transfer is rejected with amqp:resource-limit-exceeded."""
+
+
 @dataclass
 class BrokerPolicy:
     auto_create_queues: bool = True
@@ -39,6 +45,7 @@ class BrokerPolicy:
     max_consumers_per_subscription: int = 0  # 0: unlimited
     topic_exchange: str = "amq.topic"
     max_queues_per_user: int = 0             # queues an address may create per user; 0: unlimited
+    queue_limits: tuple[LimitRule, ...] = ()  # [[queue_limits]]: limits by queue-name pattern
 
 
 class Broker:
@@ -85,7 +92,9 @@ class Broker:
         owner: Any = None,
         max_delivery_attempts: int | None = None,
         max_consumers: int = 0,
+        limits: QueueLimits | None = None,
     ) -> Queue:
+        """`limits`: declared limits (core/limits.py); else a `queue_limits` rule's."""
         queue = self.queues.get(name)
         if queue is not None:
             return queue
@@ -103,6 +112,7 @@ class Broker:
         )
         queue.defer = self.defer
         queue.timers = self.timers
+        queue.limits = limits_for(name, self.policy.queue_limits, limits)
         self.queues[name] = queue
         if self.on_queue_declared is not None:
             self.on_queue_declared(queue)
@@ -153,6 +163,7 @@ class Broker:
                     self.on_binding_changed(binding, False)
         queue.purge()
         queue.deleted = True
+        queue._room_check()   # producers blocked on it learn it is gone
         if queue.creator is not None:
             left = self.created_by.get(queue.creator, 1) - 1
             if left > 0:
@@ -217,9 +228,13 @@ class Broker:
 
     # ------------------------------------------------------------------ routing
 
-    def publish(self, msg: Message, target: Resolution, creator: str | None = None) -> list[Queue]:
+    def publish(self, msg: Message, target: Resolution, creator: str | None = None, *,
+                enforce_limits: bool = True) -> list[Queue]:
         """Route a message to every queue the target reaches; return those queues.
-        `creator`: the user a queue the target names into being is counted against."""
+        `creator`: the user a queue the target names into being is counted against.
+        Raises QueueFull when a routed queue is full with overflow `reject` (then no
+        queue gets it); `enforce_limits=False` (a transaction's commit, which is all
+        or nothing) queues it whatever the limits say."""
         if target.kind is AddressKind.QUEUE:
             queue = self.queues.get(target.name)
             if queue is None:  # deleted since the link attached
@@ -232,10 +247,33 @@ class Broker:
         if not queues:
             self.unroutable_total += 1
             return queues
+        if enforce_limits:
+            self._admit(queues, msg.size)
         self.routed_total += 1
         for queue in queues:
             queue.enqueue(msg)
         return queues
+
+    @staticmethod
+    def _admit(queues: list[Queue], incoming: int) -> None:
+        """Queue limits (core/limits.py) for one message, fan-out included: one full
+        `reject` queue rejects it for all (a retry must not duplicate it elsewhere);
+        `drop-head` queues make room; `block` is applied to credit, not here."""
+        dropping = None
+        for queue in queues:
+            if queue.limits is None:
+                continue
+            verdict = queue.admission(incoming)
+            if verdict is Admission.REJECT:
+                queue.overflow_rejected_total += 1
+                lim = queue.limits
+                raise QueueFull(f"queue '{queue.name}' is full: {queue.depth} messages, {queue.bytes} bytes "
+                                f"(max_depth {lim.max_depth or '-'}, max_bytes {lim.max_bytes or '-'}, "
+                                f"overflow {lim.overflow.value})")
+            if verdict is Admission.DROP_HEAD:
+                dropping = (dropping or []) + [queue]
+        for queue in dropping or ():
+            queue.make_room(incoming)
 
     def route(self, exchange_name: str, key: str | None, msg: Message) -> list[Queue]:
         exchange = self.exchanges.get(exchange_name)
@@ -285,8 +323,9 @@ class Broker:
     def _dead_letter(self, queue_name: str, entry: Entry, reason: str) -> None:
         address = self.policy.dead_letter_address
         if not address or address == queue_name:
-            log.info("queue %s: dropped message seq=%d (%s; no dead-letter address)",
-                     queue_name, entry.seq, reason)
+            # drop-head may drop thousands a second: counted (overflow_dropped_total), not logged each
+            log.log(logging.DEBUG if reason == OVERFLOW_REASON else logging.INFO,
+                    "queue %s: dropped message seq=%d (%s; no dead-letter address)", queue_name, entry.seq, reason)
             return
         try:
             copy = Message(entry.payload(), publisher=entry.msg.publisher)
@@ -299,6 +338,9 @@ class Broker:
         except AddressNotFound as exc:
             log.warning("queue %s: dead-letter address %s unusable (%s); message dropped",
                         queue_name, address, exc.why)
+            return
+        except QueueLimit as exc:   # the dead-letter queue is full with overflow reject
+            log.warning("queue %s: message seq=%d not dead-lettered (%s); dropped", queue_name, entry.seq, exc)
             return
         log.info("queue %s: message seq=%d dead-lettered to %s (%s)",
                  queue_name, entry.seq, address, reason)

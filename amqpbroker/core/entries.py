@@ -64,7 +64,8 @@ class Entry:
         self.consumer: ConsumerPort | None = None   # who holds it while acquired
         self.excluded: set[int] | None = None        # consumers it is undeliverable-here for
         self.store_ref: Any = None                   # the store's message id for durable entries
-        self.stored_in = -1                          # the store batch that writes it (-1: on disk)
+        self.stored_in = -1                          # the store batch that writes it (-1: on disk;
+                                                     # once handed out, a hold_code())
         if msg is None:
             return
         p = msg.priority
@@ -99,6 +100,21 @@ class Entry:
     def delivered(self) -> bool:
         """Held by a consumer: after a crash it comes back with delivery-count + 1."""
         return self.consumer is not None
+
+
+def hold_code(batch: int) -> int:
+    """`Entry.stored_in` of an entry handed out: the store batch its delivery must
+    wait for, encoded below -1 (-1: none) so that it never equals a batch number
+    (store/durability.py tells a new entry of the current batch by that equality;
+    one slot, no extra bytes per entry)."""
+    return -2 - batch if batch >= 0 else -1
+
+
+def held_batch(stored_in: int) -> int:
+    """The batch a delivery waits for (-1: none), from `Entry.stored_in`: a hold code,
+    or the batch that stores the entry (a new entry handed out in the turn that stores
+    it waits for nothing: server/engine.py hold_for_store tells it by the batch number)."""
+    return -2 - stored_in if stored_in < -1 else stored_in
 
 
 _SEQ = attrgetter("seq")
@@ -293,6 +309,11 @@ class ReadyList:
             self._marks = None
         elif self._marks is not None:
             self._marks.pop(consumer_id, None)
+
+    def lowest_seq(self) -> int | None:
+        """The lowest sequence ready, at any priority (None: none ready)."""
+        firsts = [level.blocks[0][0].seq for level in self._levels if level.blocks]
+        return min(firsts) if firsts else None
 
     def pop_first(self) -> Entry | None:
         for level in reversed(self._levels):

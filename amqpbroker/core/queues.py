@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable
 
 from .entries import PRIORITY_LEVELS, ConsumerPort, Entry, ReadyList, StoreHooks
+from .limits import LimitedQueue, QueueLimits
 from .policies import ExclusivityPolicy, LifetimePolicy
 from .message import Message
 from .paging import PagedRegion
@@ -41,15 +42,16 @@ SCAN_BUDGET = 4096
 SCAN_CHUNK = 256
 
 
-class Queue(PagedRegion):
+class Queue(PagedRegion, LimitedQueue):
     # Slots, not a __dict__: 50,000 idle queues must stay small (≤ 2 KB each).
     __slots__ = (
         "_again", "_browsers", "_deferred", "_delayed", "_dispatching", "_groups", "_pending_page",
         "_ready", "_rr", "_scan", "_seq", "_slice", "_slice_bytes", "acked_total", "acquired", "bytes",
         "clock", "consumers", "created_at", "creator", "dead_letter", "dead_lettered_total", "defer",
         "deleted", "delivered_total", "durable", "enqueued_total", "exclusivity", "expired_total",
-        "hooks", "last_consumer_at", "last_delivered_at", "lifetime", "max_consumers",
-        "max_delivery_attempts", "mem_bytes", "memory_budget", "name", "owner", "page_cursor",
+        "_room", "hooks", "last_consumer_at", "last_delivered_at", "lifetime", "limits", "max_consumers",
+        "max_delivery_attempts", "mem_bytes", "memory_budget", "name", "overflow_dropped_total",
+        "overflow_rejected_total", "owner", "page_cursor",
         "page_in_batch", "page_in_low", "paged_bytes", "paged_count", "store_id", "timers", "unreadable_total",
     )
 
@@ -105,6 +107,12 @@ class Queue(PagedRegion):
         self.expired_total = 0
         self.dead_lettered_total = 0
         self.unreadable_total = 0
+        # Limits and overflow (core/limits.py): None is no limit.  `_room` is called once
+        # when a queue that blocked its producers has room again (the server tops them up).
+        self.limits: QueueLimits | None = None
+        self._room: Callable[["Queue"], None] | None = None
+        self.overflow_rejected_total = 0
+        self.overflow_dropped_total = 0
         self.created_at = clock()
         self.last_delivered_at: float | None = None
         self.last_consumer_at: float | None = None
@@ -130,18 +138,18 @@ class Queue(PagedRegion):
         """Messages held: ready (in memory or paged), scheduled and acquired-but-unsettled."""
         return len(self._ready) + len(self._delayed) + self.acquired + self.paged_count
 
-    def congested(self, high_water: int, active_within: float = 1.0) -> bool:
-        """Consumers are taking messages (one in the last `active_within` seconds)
-        and still more than `high_water` wait: the producers outrun them.  Idle or
-        absent consumers never make a queue congested (a backlog for later is fine)."""
-        if len(self._ready) + self.paged_count <= high_water or not self.consumers:
-            return False
-        last = self.last_delivered_at
-        return last is not None and self.clock() - last < active_within
 
     @property
     def ready_count(self) -> int:
         return len(self._ready) + self.paged_count
+
+    def lowest_ready_seq(self) -> int | None:
+        """The lowest sequence ready, in memory or paged (None: none); how far a
+        delivery is from the head (store/marks.py: delivery watermark)."""
+        low = self._ready.lowest_seq()
+        if self.paged_count and (low is None or self.page_cursor < low):
+            low = self.page_cursor + 1
+        return low
 
     def next_seq(self) -> int:
         return next(self._seq)
@@ -534,6 +542,8 @@ class Queue(PagedRegion):
             self.mem_bytes -= entry.size
         if self.hooks is not None:
             self.hooks.entry_removed(self, entry)
+        if self._room is not None:
+            self._room_check()
 
     # ------------------------------------------------------------------ admin
 
@@ -543,7 +553,9 @@ class Queue(PagedRegion):
         self._delayed.clear()
         for entry in removed:
             self._drop(entry)
-        return len(removed) + self._drop_paged()
+        n = len(removed) + self._drop_paged()
+        self._room_check()
+        return n
 
     def discard(self, seqs: set[int]) -> int:
         """Remove the waiting (ready or scheduled) entries with these sequence numbers:
@@ -579,7 +591,9 @@ class Queue(PagedRegion):
         for entry in sorted(removed, key=lambda e: e.seq):
             self.acked_total += 1
             self._drop(entry)
-        return len(removed) + self._drop_paged(seq, acked=True)
+        n = len(removed) + self._drop_paged(seq, acked=True)
+        self._room_check()
+        return n
 
     def entries(self) -> list[Entry]:
         """Ready entries in delivery order (browsing, management)."""

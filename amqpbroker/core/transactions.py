@@ -96,7 +96,8 @@ class TransactionRegistry:
         order they arrived (one store batch when the caller flushes once after)."""
         touched: list[Queue] = []
         for msg, target in txn.sends:
-            touched.extend(broker.publish(msg, target))
+            # all or nothing: queue limits do not reject part of a committed transaction
+            touched.extend(broker.publish(msg, target, enforce_limits=False))
         for ack in txn.acks:
             ack.queue.settle(ack.entry, ack.outcome, delivery_failed=ack.delivery_failed,
                              undeliverable_here=ack.undeliverable_here)

@@ -21,6 +21,7 @@ from proton import Condition
 
 from ..core.addresses import TEMP_PREFIX
 from ..core.exchanges import ExchangeType
+from ..core.limits import QueueLimits
 from ..core.queues import Queue
 from ..core.subscriptions import GLOBAL_NAMESPACE, Subscription
 from .expiry import SubscriptionState, is_abandoned
@@ -172,6 +173,9 @@ class Admin:
             "browsers": q.browsers, "enqueued_total": q.enqueued_total,
             "delivered_total": q.delivered_total, "acked_total": q.acked_total,
             "expired_total": q.expired_total, "dead_lettered_total": q.dead_lettered_total,
+            "limits": q.limits.describe() if q.limits is not None else None,
+            "overflow_rejected_total": q.overflow_rejected_total,
+            "overflow_dropped_total": q.overflow_dropped_total,
             "enqueue_rate": round(enq, 3), "deliver_rate": round(dlv, 3), "ack_rate": round(ack, 3),
             "created_at": q.created_at, "last_delivered_at": q.last_delivered_at,
             "last_consumer_at": q.last_consumer_at,
@@ -202,7 +206,9 @@ class Admin:
         return q
 
     def create_queue(self, name: str, *, durable: bool = True,
-                     max_delivery_attempts: int | None = None) -> dict:
+                     max_delivery_attempts: int | None = None, limits: QueueLimits | None = None) -> dict:
+        """`limits`: declared with the queue (else a [[queue_limits]] pattern's); they
+        last until a restart (only configured limits are read at start)."""
         _check_name(name, "queue")
         if name.startswith(SUBSCRIPTION_PREFIX) or name.startswith(TEMP_PREFIX):
             raise AdminError(f"queue names starting with '{SUBSCRIPTION_PREFIX}' or '{TEMP_PREFIX}' "
@@ -211,8 +217,10 @@ class Admin:
             raise Conflict(f"queue '{name}' already exists")
         if name in self.broker.exchanges:
             raise Conflict(f"an exchange named '{name}' exists: the address would be ambiguous")
-        q = self.broker.declare_queue(name, durable=durable, max_delivery_attempts=max_delivery_attempts)
-        log.info("admin: queue '%s' created%s", name, " (durable)" if durable else "")
+        q = self.broker.declare_queue(name, durable=durable, max_delivery_attempts=max_delivery_attempts,
+                                      limits=limits)
+        log.info("admin: queue '%s' created%s%s", name, " (durable)" if durable else "",
+                 f" with limits {q.limits.describe()}" if q.limits is not None else "")
         return self.queue_view(q)
 
     def delete_queue(self, name: str, *, force: bool = False) -> int:
@@ -428,7 +436,45 @@ class Admin:
                 "links": sum(h.links for h in handlers), "messages": sum(depths),
                 "routed_total": self.broker.routed_total, "unroutable_total": self.broker.unroutable_total,
                 "store_persistent": self.managed.store.persistent,
-                "access_control": self.managed.access.enabled}
+                "access_control": self.managed.access.enabled, "alarms": self.managed.alarms.reasons}
+
+    # ------------------------------------------------------------------ alarms
+
+    def alarms_view(self) -> dict:
+        a = self.managed.alarms
+        return {
+            "blocking": a.blocking, "reasons": a.reasons,
+            "memory": {"raised": a.raised("memory"), "used": a.memory_used, "limit": a.memory_limit,
+                       "clear_below": a.clear_at("memory"), "available": a.memory_total, "basis": a.memory_basis,
+                       "high_watermark": a.memory_high_watermark,
+                       "high_watermark_absolute": a.memory_high_watermark_absolute,
+                       "raised_total": a.raised_total["memory"]},
+            "disk": {"enabled": a.disk_enabled, "raised": a.raised("disk"), "free": a.disk_free,
+                     "limit": a.disk_free_limit, "clear_from": a.clear_at("disk"),
+                     "raised_total": a.raised_total["disk"]},
+            "check_interval": self.managed.settings.alarms.check_interval,
+        }
+
+    def set_alarms(self, changes: dict[str, Any], who: str) -> dict:
+        """New thresholds (the keys given; `memory_high_watermark` without
+        `memory_high_watermark_absolute` drops the absolute one, as `rabbitmqctl
+        set_vm_memory_high_watermark` does).  Decided again at once on the last
+        readings; lasts until the broker restarts (the config file is not changed)."""
+        if "memory_high_watermark" in changes and "memory_high_watermark_absolute" not in changes:
+            changes = {**changes, "memory_high_watermark_absolute": None}
+        if changes.get("memory_high_watermark") is None:
+            changes.pop("memory_high_watermark", None)
+        if changes.get("disk_free_limit", 0) is None:
+            raise AdminError("disk_free_limit: a number of bytes (0 turns the disk alarm off)", 422)
+        # Logged first: the alarm lines the change causes follow it.  (The API's model
+        # has checked the ranges; configure checks them again.)
+        log.info("admin: alarm thresholds changed by %s: %s", who,
+                 ", ".join(f"{k}={v}" for k, v in sorted(changes.items())))
+        try:
+            self.managed.alarms.configure(**changes)
+        except ValueError as exc:
+            raise AdminError(str(exc)) from None
+        return self.alarms_view()
 
     async def synced(self) -> None:
         """Wait until the store has committed what was queued so far."""

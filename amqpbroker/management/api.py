@@ -27,6 +27,7 @@ from pydantic import BaseModel, Field
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..core.limits import Overflow, QueueLimits
 from .admin import AdminError
 from .auth import Principal
 from .expiry import parse_duration
@@ -68,6 +69,12 @@ class ExchangeIn(BaseModel):
     durable: bool = True
 
 
+class LimitsOut(BaseModel):
+    max_depth: int
+    max_bytes: int
+    overflow: str
+
+
 class QueueOut(BaseModel):
     name: str
     durable: bool
@@ -84,6 +91,9 @@ class QueueOut(BaseModel):
     acked_total: int
     expired_total: int
     dead_lettered_total: int
+    limits: LimitsOut | None = Field(None, description="max_depth, max_bytes (0: none) and overflow; null: no limits")
+    overflow_rejected_total: int = Field(0, description="transfers rejected: the queue was full (overflow reject)")
+    overflow_dropped_total: int = Field(0, description="messages dropped or dead-lettered from the head (drop-head)")
     enqueue_rate: float = Field(description="messages/s over the last sampling interval")
     deliver_rate: float
     ack_rate: float
@@ -98,6 +108,16 @@ class QueueIn(BaseModel):
     name: str = Field(min_length=1)
     durable: bool = True
     max_delivery_attempts: int | None = Field(None, ge=0)
+    # Queue limits (docs/operations.md "Queue limits and overflow"); none set: a
+    # [[queue_limits]] pattern's.  Kept until a restart.
+    max_depth: int | None = Field(None, ge=0)
+    max_bytes: int | None = Field(None, ge=0)
+    overflow: Literal["block", "reject", "drop-head"] | None = None
+
+    def queue_limits(self) -> QueueLimits | None:
+        if self.max_depth is None and self.max_bytes is None and self.overflow is None:
+            return None
+        return QueueLimits(self.max_depth or 0, self.max_bytes or 0, Overflow(self.overflow or "block"))
 
 
 class BindingOut(BaseModel):
@@ -178,7 +198,47 @@ class OverviewOut(BaseModel):
     unroutable_total: int
     store_persistent: bool
     access_control: bool
+    alarms: list[str] = Field([], description="raised alarms (memory, disk): producers get no new credit")
     user: str | None = None
+
+
+class MemoryAlarmOut(BaseModel):
+    raised: bool
+    used: int | None = Field(description="the broker process's RSS, bytes (null before the first reading)")
+    limit: int | None = Field(description="the high watermark, bytes: the alarm is raised above it")
+    clear_below: int | None = Field(description="a raised alarm clears below this many bytes")
+    available: int | None = Field(description="physical memory, or the cgroup's limit when lower")
+    basis: Literal["physical", "cgroup", "absolute"]
+    high_watermark: float
+    high_watermark_absolute: int | None
+    raised_total: int
+
+
+class DiskAlarmOut(BaseModel):
+    enabled: bool = Field(description="false without a store (nothing is written)")
+    raised: bool
+    free: int | None = Field(description="free bytes on the data dir's filesystem")
+    limit: int = Field(description="disk_free_limit: the alarm is raised below it")
+    clear_from: int = Field(description="a raised alarm clears from this many free bytes")
+    raised_total: int
+
+
+class AlarmsOut(BaseModel):
+    blocking: bool = Field(description="an alarm is raised: producers get no new credit, consumers drain")
+    reasons: list[str]
+    memory: MemoryAlarmOut
+    disk: DiskAlarmOut
+    check_interval: float
+
+
+class AlarmsIn(BaseModel):
+    """New thresholds, until the broker restarts; fields left out keep their values."""
+    memory_high_watermark: float | None = Field(
+        None, gt=0, le=1, description="fraction of the memory available; drops the absolute watermark "
+                                      "unless that is given too")
+    memory_high_watermark_absolute: int | None = Field(
+        None, ge=1, description="bytes; replaces the fraction (null: back to the fraction)")
+    disk_free_limit: int | None = Field(None, ge=0, description="bytes; 0 turns the disk alarm off")
 
 
 # ---------------------------------------------------------------------- request guard
@@ -301,6 +361,18 @@ def build_app(ops: "Operations") -> FastAPI:
     async def overview(principal: Principal = auth) -> dict:
         return {**await admin.overview(), "user": principal.user}
 
+    @app.get("/api/alarms", response_model=AlarmsOut, tags=["broker"],
+             summary="Memory and disk alarms: state, readings and thresholds")
+    async def get_alarms(principal: Principal = auth) -> dict:
+        return admin.alarms_view()
+
+    @app.put("/api/alarms", response_model=AlarmsOut, tags=["broker"],
+             summary="Change the alarm thresholds at run time (as rabbitmqctl set_vm_memory_high_watermark / "
+                     "set_disk_free_limit); not kept over a restart")
+    async def put_alarms(body: AlarmsIn, principal: Principal = auth) -> dict:
+        principal.require("#")
+        return admin.set_alarms(body.model_dump(exclude_unset=True), principal.user or "(loopback)")
+
     @app.get("/metrics", tags=["broker"], response_class=Response,
              summary="Prometheus metrics (text exposition format): broker-wide figures and the "
                      "series of the deepest queues ([management] metrics_queue_limit)")
@@ -359,7 +431,7 @@ def build_app(ops: "Operations") -> FastAPI:
     async def create_queue(body: QueueIn, principal: Principal = auth) -> dict:
         principal.require(body.name)
         out = admin.create_queue(body.name, durable=body.durable,
-                                 max_delivery_attempts=body.max_delivery_attempts)
+                                 max_delivery_attempts=body.max_delivery_attempts, limits=body.queue_limits())
         await admin.synced()
         return out
 

@@ -37,7 +37,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # ---------------------------------------------------------------------- figures (plain data)
 
-QUEUE_FIELDS = ("depth", "bytes", "consumers", "enqueued", "delivered", "acked", "expired", "dead_lettered")
+QUEUE_FIELDS = ("depth", "bytes", "consumers", "enqueued", "delivered", "acked", "expired", "dead_lettered",
+                "overflow_rejected", "overflow_dropped")
 COUNTER_FIELDS = QUEUE_FIELDS[3:]          # the cumulative ones
 
 
@@ -59,6 +60,8 @@ class QueueColumns:
     acked: list[int] = field(default_factory=list)
     expired: list[int] = field(default_factory=list)
     dead_lettered: list[int] = field(default_factory=list)
+    overflow_rejected: list[int] = field(default_factory=list)   # queue limits (core/limits.py)
+    overflow_dropped: list[int] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -68,10 +71,13 @@ class QueueColumns:
 
     @classmethod
     def of(cls, rows: Iterable[Sequence]) -> "QueueColumns":   # type: ignore[type-arg]
-        """From (name, depth, bytes, consumers, enqueued, …) rows (tests, small sets)."""
+        """From (name, depth, bytes, consumers, enqueued, …) rows (tests, small sets);
+        the overflow counters may be left out (0)."""
         cols = cls()
         lists = [cols.names] + [cols.column(f) for f in QUEUE_FIELDS]
         for row in rows:
+            if len(row) == len(lists) - 2:
+                row = (*row, 0, 0)
             for target, value in zip(lists, row, strict=True):
                 target.append(value)
         return cols
@@ -180,6 +186,11 @@ QUEUE_SERIES = (   # (name, kind, help, column)
     ("amqpbroker_queue_acked_total", "counter", "Messages accepted by consumers", "acked"),
     ("amqpbroker_queue_expired_total", "counter", "Messages expired (TTL)", "expired"),
     ("amqpbroker_queue_dead_lettered_total", "counter", "Messages dead-lettered", "dead_lettered"),
+    ("amqpbroker_queue_overflow_rejected_total", "counter",
+     "Messages rejected because the queue was full (overflow reject)", "overflow_rejected"),
+    ("amqpbroker_queue_overflow_dropped_total", "counter",
+     "Messages dropped or dead-lettered from the head because the queue was full (overflow drop-head)",
+     "overflow_dropped"),
 )
 
 SUBSCRIPTION_SERIES = (
@@ -282,7 +293,7 @@ def main_families(fig: BrokerFigures, queue_limit: int, carry: CounterCarry) -> 
     cols = fig.queues
     shown = deepest(cols, queue_limit)
     subs = first(fig.subscriptions, queue_limit, _most_pending)
-    enq, dlv, ack, exp, dlq = carry.totals(cols)
+    enq, dlv, ack, exp, dlq, rej, drop = carry.totals(cols)
     out = queue_families(cols, shown)
     out += [
         scalar("amqpbroker_queues", "gauge", "Queues", len(cols)),
@@ -294,6 +305,10 @@ def main_families(fig: BrokerFigures, queue_limit: int, carry: CounterCarry) -> 
         scalar("amqpbroker_messages_acked_total", "counter", "Messages accepted by consumers, all queues", ack),
         scalar("amqpbroker_messages_expired_total", "counter", "Messages expired (TTL), all queues", exp),
         scalar("amqpbroker_messages_dead_lettered_total", "counter", "Messages dead-lettered, all queues", dlq),
+        scalar("amqpbroker_messages_overflow_rejected_total", "counter",
+               "Messages rejected by full queues (overflow reject), all queues", rej),
+        scalar("amqpbroker_messages_overflow_dropped_total", "counter",
+               "Messages dropped from the head of full queues (overflow drop-head), all queues", drop),
         scalar("amqpbroker_metrics_queues_omitted", "gauge",
                "Queues without their own series here (see /metrics/per-object)", len(cols) - len(shown)),
         scalar("amqpbroker_metrics_subscriptions_omitted", "gauge",

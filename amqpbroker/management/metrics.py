@@ -31,6 +31,7 @@ def queue_reader(cols: QueueColumns) -> Callable[[Any], None]:
     names, depth, size, consumers = cols.names.append, cols.depth.append, cols.bytes.append, cols.consumers.append
     enq, dlv, ack = cols.enqueued.append, cols.delivered.append, cols.acked.append
     exp, dlq = cols.expired.append, cols.dead_lettered.append
+    rej, drop = cols.overflow_rejected.append, cols.overflow_dropped.append
 
     def read(q: Any) -> None:
         names(q.name)
@@ -42,6 +43,8 @@ def queue_reader(cols: QueueColumns) -> Callable[[Any], None]:
         ack(q.acked_total)
         exp(q.expired_total)
         dlq(q.dead_lettered_total)
+        rej(q.overflow_rejected_total)
+        drop(q.overflow_dropped_total)
     return read
 
 
@@ -131,4 +134,30 @@ def protection_figures(managed: Any) -> dict[str, tuple[str, str, float]]:
         out["amqpbroker_auth_throttled_attempts_total"] = (
             "counter", "Authentication attempts answered late because of earlier failures",
             throttle.throttled_total)
+    alarms = getattr(managed, "alarms", None)
+    if alarms is not None:
+        out.update(alarm_figures(alarms))
+    return out
+
+
+def alarm_figures(alarms: Any) -> dict[str, tuple[str, str, float]]:
+    """Memory and disk alarms (core/alarms.py), one gauge per kind as RabbitMQ's
+    rabbitmq_alarms_memory_used_watermark / _free_disk_space_watermark; readings not
+    made yet (or the disk alarm off: no store) are left out rather than shown as 0."""
+    out: dict[str, tuple[str, str, float]] = {}
+    for kind in ("memory", "disk"):
+        out[f"amqpbroker_alarm_{kind}"] = (
+            "gauge", f"1 while the {kind} alarm is raised (producers get no new credit)", int(alarms.raised(kind)))
+        out[f"amqpbroker_alarm_{kind}_raised_total"] = (
+            "counter", f"Times the {kind} alarm was raised", alarms.raised_total[kind])
+    figures = (("amqpbroker_memory_used_bytes", "Resident memory of the broker process (RSS)", alarms.memory_used),
+               ("amqpbroker_memory_limit_bytes", "Memory high watermark: the memory alarm is raised above it",
+                alarms.memory_limit))
+    if alarms.disk_enabled:
+        figures += (("amqpbroker_disk_free_bytes", "Free space on the data dir's filesystem", alarms.disk_free),
+                    ("amqpbroker_disk_free_limit_bytes", "The disk alarm is raised below this much free space",
+                     alarms.disk_free_limit))
+    for name, doc, value in figures:
+        if value is not None:
+            out[name] = ("gauge", doc, value)
     return out

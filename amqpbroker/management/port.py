@@ -18,6 +18,7 @@ import asyncio
 from typing import Any, Callable, Collection, Mapping, Protocol, Sequence, Sized, runtime_checkable
 
 from ..config import Settings
+from ..core.alarms import Alarms
 from ..core.broker import Broker
 from ..core.registry import SubscriptionRegistry
 from ..security.guard import AccessGuard
@@ -128,6 +129,9 @@ class ManagedBroker(Protocol):
 
     @property
     def protocols(self) -> Collection[Any]: ...              # live sockets (is one still open?)
+
+    @property
+    def alarms(self) -> Alarms: ...                          # memory and disk alarms; PUT /api/alarms
 
     @property
     def metrics_refused(self) -> Mapping[str, int]: ...      # refused attaches by condition

@@ -13,8 +13,10 @@ from typing import Any, Callable
 from proton import Condition, Link
 
 from ..config import ClientIdPolicy, Settings, anonymous_allowed, plain_allowed
+from ..core.alarms import Alarms
 from ..core.broker import Broker, BrokerPolicy
 from ..core.handshakes import HandshakeGate
+from ..core.limits import LimitRule, limits_for
 from ..core.registry import SubscriptionRegistry, subscription_filter
 from ..core.transactions import TransactionRegistry
 from ..security.guard import UNAUTHORIZED, AccessGuard
@@ -23,8 +25,10 @@ from ..security.users import UserStore
 from ..store.base import Store
 from ..store.durability import DurabilityManager
 from ..store.lmdb_store import LmdbStore
+from .alarm_watch import AlarmWatch
 from .engine import AmqpProtocol
-from .peer_fields import link_name, symbols
+from .flow import FlowGate
+from .peer_fields import symbols
 from .resources import ResourceWatch
 from .refusal import AttachRefused
 from .sasl import SaslPolicy
@@ -56,6 +60,7 @@ class BrokerServer:
             dead_letter_address=p.dead_letter_address,
             max_consumers_per_subscription=p.max_consumers_per_subscription,
             max_queues_per_user=p.max_queues_per_user,
+            queue_limits=tuple(LimitRule(r.pattern, r.queue_limits()) for r in settings.queue_limits),
         ))
         self.broker.defer = self.loop.call_soon   # queues dispatch in slices, one per loop turn
         self.subscriptions = SubscriptionRegistry(self.broker, subscription_filter)
@@ -86,6 +91,12 @@ class BrokerServer:
         self._refusals_logged_at = 0.0
         self._refusals_unlogged = 0
         self.resources = ResourceWatch(self.loop, self.protocols)   # descriptors, memory after bursts
+        al = settings.alarms   # memory and disk alarms: while raised, producers get no new credit
+        self.alarms = Alarms(al.memory_high_watermark, al.memory_high_watermark_absolute, al.disk_free_limit,
+                             disk_enabled=st.enabled)
+        self.alarm_watch = AlarmWatch(self.loop, self.alarms, settings.data_dir / "store" if st.enabled else None,
+                                      al.check_interval)
+        self.flow = FlowGate(self.loop, self.broker, self.alarms)   # who may give producers credit
         from ..management.service import Operations
         self.operations = Operations(self)                  # management API, metrics, expiry policy
 
@@ -96,7 +107,11 @@ class BrokerServer:
         for ex in self.settings.exchanges:
             b.declare_exchange(ex.name, ex.type, ex.durable)
         for q in self.settings.queues:
-            b.declare_queue(q.name, durable=q.durable, max_delivery_attempts=q.max_delivery_attempts)
+            declared = q.queue_limits()
+            queue = b.declare_queue(q.name, durable=q.durable, max_delivery_attempts=q.max_delivery_attempts,
+                                    limits=declared)
+            # a recovered queue keeps no limits of its own: the config's apply to it too
+            queue.limits = limits_for(q.name, b.policy.queue_limits, declared)
         for bd in self.settings.bindings:
             if bd.exchange not in b.exchanges or bd.queue not in b.queues:
                 raise ValueError(f"binding {bd.exchange} -> {bd.queue}: exchange or queue not declared")
@@ -118,6 +133,7 @@ class BrokerServer:
         self.durability.recover(snapshot, subscription_filter)
         self.durability.install()
         self._declare_configured()
+        self.alarm_watch.start()        # first readings before any producer attaches
         await self.operations.start()   # before the AMQP listeners: its port is logged first
         self.listeners.append(Listener("amqp", s.host, s.port, self._sasl_policy(s.host, s.allow_anonymous),
                                        s.client_id_policy))
@@ -211,9 +227,11 @@ class BrokerServer:
         log.info("link '%s' of container %s stolen by a new attach", link.name, handler.container_id)
 
     def forget_link(self, handler: Any, link: Link) -> None:
-        # A link refused for its name (invalid UTF-8) was never registered; its safe
-        # rendering matches no live link of this handler.
-        key = (handler.container_id, link_name(link), link.is_sender)
+        try:
+            name = link.name
+        except UnicodeDecodeError:
+            return   # refused for its name (invalid UTF-8): it was never registered
+        key = (handler.container_id, name, link.is_sender)
         current = self.live_links.get(key)
         if current is not None and current[0] is handler and current[1] == link:
             del self.live_links[key]
@@ -256,6 +274,7 @@ class BrokerServer:
         finish, then stop."""
         self.stopping = True
         self.resources.close()
+        self.alarm_watch.close()
         await self.operations.stop()
         for lst in self.listeners:
             if lst.server is not None:

@@ -45,6 +45,8 @@ def _descriptor(value: Any) -> Any:
 class Coordinator(Producer):
     """A receiving link whose messages are Declare and Discharge requests."""
 
+    gated = False   # not paced by alarms or queue limits (server/flow.py)
+
     def __init__(self, handler: "ConnectionHandler", link: Link, credit: int):
         super().__init__(handler, link, None, credit, 64 * 1024)
         self.txns = handler.server.transactions

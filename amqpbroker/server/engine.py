@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from cproton import ffi, lib
 from proton import Collector, Connection, Event, Transport
 
+from ..core.entries import held_batch
 from ..core.wire import FrameGuard
 from ..security.throttle import source_address
 from .handlers import ConnectionHandler
@@ -37,11 +38,11 @@ _SKIPPED = frozenset({
 
 
 class OutputHold:
-    """When a connection's output may go out, given the store batches holding the
-    "delivered" marks of what it carries (see AmqpProtocol.hold_for_store).  It waits
-    for the *latest* such batch: output held since an earlier turn must not go out when
-    that earlier batch commits while this turn's mark is still on its way (a crash then
-    would bring a message the consumer saw back as a first delivery)."""
+    """When a connection's output may go out, given the store batches that must commit
+    first (see AmqpProtocol.hold_for_store).  It waits for the *latest* such batch:
+    output held since an earlier turn must not go out when that earlier batch commits
+    while a later one is still on its way (a crash then would bring a message the
+    consumer saw back as a first delivery)."""
 
     __slots__ = ("held", "_until")
 
@@ -49,14 +50,14 @@ class OutputHold:
         self.held = False
         self._until = -1
 
-    def need(self, stored_in: int, current: int) -> int | None:
-        """A delivery whose entry was stored by batch `stored_in` goes out while batch
-        `current` is being filled (with its mark): the batch to wait for, if a new one."""
-        if stored_in == current or self._until >= current:
-            return None   # the entry and its mark commit together, or already waiting
-        self._until = current
+    def need(self, batch: int) -> int | None:
+        """Output must wait for store batch `batch` (-1: nothing, or one that has
+        not settled yet): the batch to wait for, if a new one."""
+        if batch < 0 or self._until >= batch:
+            return None   # nothing to wait for, or already waiting for it (or a later one)
+        self._until = batch
         self.held = True
-        return current
+        return batch
 
     def committed(self, batch: int) -> bool:
         """Batch `batch` committed (batches commit in order): True when that releases."""
@@ -324,20 +325,27 @@ class AmqpProtocol(asyncio.Protocol):
             self.server.flush_soon()
 
     def hold_for_store(self, stored_in: int) -> None:
-        """A durable delivery went into the transport.  Its "delivered" mark is queued
-        in the store's current batch; a message a consumer has seen must come back
-        after a crash marked redelivered (delivery-count + 1), never as a first
-        delivery.  When the entry itself is written by that same batch (it arrived
-        this turn: the p2p case), the LMDB transaction makes both durable or neither:
-        a crash before the commit loses a message no producer was told Accepted for,
-        so nothing waits.  Otherwise the output stays off the socket until the
-        batch holding the mark has committed."""
+        """A durable delivery went into the transport.  A message a consumer has seen
+        must come back after a crash marked redelivered (delivery-count + 1), never as
+        a first delivery, so the output stays off the socket until what says so has
+        committed.  `stored_in` is the entry's: the current batch when the entry is
+        new in it (the LMDB transaction makes entry and mark durable or neither: a
+        crash before the commit loses a message no producer was told Accepted for),
+        so nothing waits; else the store's decision at hand-over as a hold code
+        (core/entries.py; store/durability.py, store/marks.py): nothing when the
+        queue's committed delivery watermark covers it, else the batch with its
+        watermark or its own mark, or the one still storing the entry."""
         store = self.server.store
         if not store.persistent:
             return
-        batch = self.hold.need(stored_in, store.batch)
+        if stored_in == store.batch:
+            return   # the entry and its mark commit together
+        wait = held_batch(stored_in)
+        if wait < 0 or store.settled(wait):
+            return
+        batch = self.hold.need(wait)
         if batch is not None:
-            store.after_commit(functools.partial(self._store_committed, batch))
+            store.after_batch(batch, functools.partial(self._store_committed, batch))
 
     def _store_committed(self, batch: int, error: BaseException | None) -> None:
         if self.hold.committed(batch):

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 from cproton import ffi, lib
 from proton import Condition, Delivery, Link
 
-from ..core.addresses import AddressKind
 from ..core.message import selector_accepts
 from ..core.queues import Entry, Outcome, Queue
 from ..core.settlement import LinkEnding, counts_as_failed
@@ -40,7 +39,6 @@ TRANSACTIONAL_STATE = 0x34
 
 _consumer_ids = iter(range(1, 1 << 62))
 _pack_tag = struct.Struct(">Q").pack_into
-FLOW_RECHECK = 0.002   # seconds between looks at a congested queue
 _REMOTE_CLOSED = lib.PN_REMOTE_CLOSED
 # How long the deliveries of an ended consumer link wait for a late disposition
 # (Qpid JMS sends one round trip after the broker's detach); then they are settled.
@@ -292,7 +290,8 @@ class Producer:
         # delivery waiting on the store holds back the ones behind it.
         self.in_order: deque[list] = deque()
         self.temp_node: tuple[str, str] | None = None   # dynamic node this link created
-        self._recheck: Any = None      # timer: credit held back while the queue is congested
+        # Not None while server/flow.py holds its credit back: ALARM or the full queue.
+        self.held: Any = None
         # Deliveries waiting on one store batch share one commit callback.
         self._batch = -1
         self._batch_slots: list[list] = []
@@ -302,7 +301,16 @@ class Producer:
         # session ends first (then `abandon`).
         self.released = False
         self.free_when_settled = False
-        link.flow(credit)
+        if not self.gated or self._may_grant():
+            link.flow(credit)
+
+    # Producer links are paced by the flow gate (alarms, full queues); the transaction
+    # coordinator is not (discharges go on during an alarm: they are how work completes).
+    gated = True
+
+    def _may_grant(self) -> bool:
+        gate = getattr(self.handler.server, "flow", None)
+        return gate is None or gate.may_grant(self)
 
     def on_delivery(self, dlv: Any) -> None:
         """A transfer arrived (dlv: raw pn_delivery_t*)."""
@@ -333,29 +341,21 @@ class Producer:
         buf = bytearray(pending)
         n = lib.pn_link_recv(impl, ffi.from_buffer(buf), pending)
         lib.pn_link_advance(impl)
-        if self._recheck is None and lib.pn_link_credit(impl) < self.window // 2:
-            self.top_up()   # (a pending recheck tops up when the queue has drained)
+        if self.held is None and lib.pn_link_credit(impl) < self.window // 2:
+            self.top_up()   # (a held producer is topped up by the flow gate)
         return bytes(buf) if n == pending else bytes(buf[:max(n, 0)])
 
     def top_up(self) -> None:
-        """Give the producer its window of credit back (AMQP 1.0 §2.6.7), unless its
-        queue is congested: then look again shortly.  Flow control, as RabbitMQ's
-        credit flow does it: producers that outrun active consumers wait instead of
-        growing the queue (which makes every delivery dearer and the consumers
-        slower still)."""
-        self._recheck = None
+        """Give the producer its window of credit back (AMQP 1.0 §2.6.7) when half is
+        used, unless the flow gate (server/flow.py) holds it: a memory or disk alarm,
+        or a full target queue with overflow `block`.  The gate tops it up when that
+        is over.  A slow consumer alone never holds a producer back."""
         impl = self.impl
         credit = lib.pn_link_credit(impl)
-        if credit >= self.window // 2 or self.handler.ended:
+        if credit >= self.window // 2 or self.handler.ended or self.released:
             return
-        depth = self.handler.server.settings.limits.flow_control_depth
-        target = self.target
-        if depth and target is not None and target.kind is AddressKind.QUEUE:
-            queue = self.handler.broker.queues.get(target.name)
-            if queue is not None and queue.congested(depth):
-                if self._recheck is None:
-                    self._recheck = self.handler.protocol.loop.call_later(FLOW_RECHECK, self.top_up)
-                return
+        if self.gated and not self._may_grant():
+            return
         lib.pn_link_flow(impl, self.window - credit)
         self.handler.protocol.mark_dirty()
 
@@ -442,10 +442,12 @@ class Producer:
         self.stop_flow()
 
     def stop_flow(self) -> None:
-        """The link ended: no more credit checks on it."""
-        if self._recheck is not None:
-            self._recheck.cancel()
-            self._recheck = None
+        """The link ended: the flow gate forgets it."""
+        if self.held is not None:
+            gate = getattr(self.handler.server, "flow", None)
+            if gate is not None:
+                gate.forget(self)
+            self.held = None
 
 
 def link_credit(impl: Any) -> int:

@@ -284,6 +284,8 @@ def attach_control(handler: "ConnectionHandler", link: Link, target: TargetTerms
 class ControlLink(Producer):
     """A receiving link whose messages are queue-info requests or acknowledgements."""
 
+    gated = False   # acknowledgements drain queues: never held by alarms or limits (server/flow.py)
+
     def __init__(self, handler: "ConnectionHandler", link: Link, address: str):
         super().__init__(handler, link, None, 100, 1 << 20)
         self.address = address

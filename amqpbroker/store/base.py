@@ -109,6 +109,9 @@ class Store:
         disk, so changes until then (a delivery in the same turn) need no update."""
     def update_entry(self, queue_id: int, record: EntryRecord) -> None: ...
     def delete_entry(self, queue_id: int, seq: int) -> None: ...
+    def put_mark(self, queue_id: int, seq: int) -> None:
+        """A queue's delivery watermark (store/marks.py): every entry with a sequence
+        up to `seq` may have been handed out (0: none)."""
 
     def writes(self) -> Any:
         """Where the message and entry writes of this loop turn go: an object with
@@ -139,6 +142,9 @@ class Store:
     def read_last_seq(self, queue_id: int) -> int:
         return 0
 
+    def read_watermark(self, queue_id: int) -> int:
+        return 0
+
     # ---- small keyed records ("dedup", "readers"; server/sequence.py)
     def put_record(self, db: str, key: bytes, value: bytes) -> None: ...
     def delete_record(self, db: str, key: bytes) -> None: ...
@@ -148,6 +154,15 @@ class Store:
 
     # ---- commits
     def after_commit(self, callback: Callable[[BaseException | None], None]) -> None:
+        callback(None)
+
+    def settled(self, number: int) -> bool:
+        """Batch `number` was handed over and its callbacks ran (or are on their way)."""
+        return True
+
+    def after_batch(self, number: int, callback: Callable[[BaseException | None], None]) -> None:
+        """after_commit(), but for batch `number` (the current one or one on its way),
+        which may commit before the current one."""
         callback(None)
 
     def flush(self) -> None:

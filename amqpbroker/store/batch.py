@@ -23,6 +23,8 @@ ENTRY_VAL = struct.Struct(">QIBBIdd")   # msg id, delivery-count, delivered, pri
                                          # expires-at, deliver-at (NaN: none); then group (utf-8)
 U64 = struct.Struct(">Q")
 U32 = struct.Struct(">I")
+MARK_KEY = b"delivered-to:"   # + queue id (u32), in the meta db: the queue's delivery watermark
+                              # (u64; store/marks.py)
 _NAN = float("nan")
 _pack_val = ENTRY_VAL.pack
 
@@ -39,7 +41,7 @@ def encode_entry(r: Any) -> bytes:
 
 class Batch:
     __slots__ = ("entry_new", "entry_puts", "entry_dels", "msg_puts", "msg_dels", "meta",
-                 "last_seq", "max_msg_id", "callbacks", "error", "ops", "new_keys")
+                 "last_seq", "max_msg_id", "callbacks", "error", "ops", "new_keys", "marks")
 
     def __init__(self) -> None:
         self.entry_new: dict[bytes, Any] = {}     # key → live entry (encoded by seal())
@@ -54,6 +56,7 @@ class Batch:
         self.error: BaseException | None = None   # set by fail(): what the callbacks are told
         self.ops = 0
         self.new_keys: list[bytes] = []           # the new entries (sealed): lost if the commit fails
+        self.marks: dict[int, int] = {}           # queue id → delivery watermark (store/marks.py)
 
     # ---- recording (loop thread)
 
@@ -90,6 +93,12 @@ class Batch:
         if self.entry_new.pop(key, None) is None:
             self.entry_puts.pop(key, None)
             self.entry_dels.add(key)
+
+    def put_mark(self, queue_id: int, seq: int) -> None:
+        """A queue's delivery watermark (0: none).  Kept by fail() and removals_only()
+        like an update of an entry stored earlier: deliveries were made under it."""
+        self.ops += 1
+        self.marks[queue_id] = seq
 
     def put_meta(self, action: str, db: str, key: bytes, value: bytes | None) -> None:
         self.ops += 1
@@ -136,6 +145,7 @@ class Batch:
         self.msg_puts.clear()
         self.msg_dels.clear()
         self.meta.clear()
+        self.marks.clear()
         self.last_seq.clear()
         self.max_msg_id = 0
         self.error = error
@@ -150,6 +160,7 @@ class Batch:
         out.entry_puts = {k: v for k, v in self.entry_puts.items() if k not in new}
         out.msg_dels = self.msg_dels
         out.meta = [op for op in self.meta if op[0] != "put"]
+        out.marks = self.marks
         return out
 
     def apply(self, txn: lmdb.Transaction, dbs: dict) -> None:
@@ -179,3 +190,9 @@ class Batch:
             txn.put(U32.pack(qid), U64.pack(seq), db=dbs["seqs"])
         if self.max_msg_id:
             txn.put(b"next_msg_id", U64.pack(self.max_msg_id + 1), db=dbs["meta"])
+        for qid, seq in self.marks.items():
+            key = MARK_KEY + U32.pack(qid)
+            if seq:
+                txn.put(key, U64.pack(seq), db=dbs["meta"])
+            else:
+                txn.delete(key, db=dbs["meta"])

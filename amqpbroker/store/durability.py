@@ -18,6 +18,7 @@ from typing import Any
 import lmdb
 
 from ..core.broker import Broker
+from ..core.entries import held_batch, hold_code
 from ..core.exchanges import Binding
 from ..core.message import Message
 from ..core.queues import Entry, ExclusivityPolicy, LifetimePolicy, Queue
@@ -26,6 +27,7 @@ from ..core.subscriptions import BindingSpec, Subscription, SubscriptionKey
 from ..core.terms import Durability, ExpiryPolicy, Filter, SourceTerms
 from .base import EntryRecord, QueueRecord, Snapshot, Store, StoreError
 from .integrity import RECOVERY_HINT, StoreDamaged
+from .marks import Mark, Watermark
 
 log = logging.getLogger("amqpbroker.store")
 
@@ -42,6 +44,13 @@ class DurabilityManager:
         self._queue_ids = itertools.count(1)
         self.recovered_messages = 0
         self.redelivered = 0
+        self.watermarks: dict[int, Watermark] = {}   # queue store id → delivery watermark
+        self.tails: dict[int, int] = {}              # queue store id → highest sequence stored
+        # Recovery: queue store id → the watermark found, until the batch with its
+        # fix-ups (delivery-count+1) has committed (page-in reads committed records).
+        self.fixups: dict[int, int] = {}
+        self.fixup_batch = -1
+        self.entry_marks = 0                         # deliveries that needed their own mark
 
     # ------------------------------------------------------------------ hooks
 
@@ -53,6 +62,16 @@ class DurabilityManager:
         self.registry.on_saved = self._subscription_saved
         self.registry.on_deleted = lambda sub: self.store.delete_subscription(sub.queue_name)
         self.store.on_lost_entries = self._entries_lost
+        self.store.on_closing = self._closing
+
+    def _closing(self) -> None:
+        """A clean stop: every link has ended, so a queue with nothing acquired has no
+        delivery its watermark must cover; dropping the watermark spares the next
+        start its false redeliveries (up to LOOKAHEAD per queue)."""
+        for queue in self.broker.queues.values():
+            wm = self.watermarks.get(queue.store_id) if queue.store_id is not None else None
+            if wm is not None and wm.pending and not queue.acquired:
+                self._drop_watermark(queue)
 
     def _entries_lost(self, lost: list[tuple[int, int]]) -> None:
         """A commit failed (store full, a store fault): its new entries are not on disk and their
@@ -103,6 +122,9 @@ class DurabilityManager:
     def _queue_deleted(self, queue: Queue) -> None:
         if queue.store_id is not None:
             self.store.delete_queue(queue.store_id, queue.name)
+            self.tails.pop(queue.store_id, None)
+            if self.watermarks.pop(queue.store_id, None) is not None:
+                self.store.put_mark(queue.store_id, 0)
 
     def _binding_changed(self, binding: Binding, added: bool) -> None:
         if not binding.queue.durable:
@@ -134,6 +156,7 @@ class DurabilityManager:
             self.refs[mid] = self.refs.get(mid, 1) + 1
         entry.store_ref = mid
         entry.stored_in = store.batch
+        self.tails[queue.store_id] = entry.seq
         size = entry.size   # outlives the body once the entry is paged out: one int per size
         entry.size = _SHARED.get(size) or _shared(size)
         writes.put_entry(queue.store_id, entry)   # live: encoded as it is at the batch's hand-over
@@ -165,8 +188,10 @@ class DurabilityManager:
     def _read_paged(self, queue: Queue, after: int, limit: int) -> list[Entry]:
         """The next entries of a queue's paged region (page-in), with their bodies read
         in one go while the queue's memory budget has room (the rest index only, read
-        on dispatch).  One still marked delivered is a recovery fix-up not committed
-        yet: count it the same."""
+        on dispatch).  One still marked delivered, or up to the recovery watermark,
+        is a recovery fix-up not committed yet: count it the same (asked before the
+        read: a commit in between counts it twice, an over-mark, never an under-mark)."""
+        upto = self._fixup_upto(queue)
         records = self.store.read_entries(queue.store_id, after, limit)
         room = queue.memory_budget - queue.mem_bytes
         k = 0
@@ -177,13 +202,24 @@ class DurabilityManager:
         out = []
         for i, r in enumerate(records):
             entry = Entry.paged(r.seq, r.msg_id, size=_shared(r.size), priority=r.priority,
-                                delivery_count=r.delivery_count + 1 if r.delivered else r.delivery_count,
+                                delivery_count=(r.delivery_count + 1 if r.delivered or r.seq <= upto
+                                                else r.delivery_count),
                                 expires_at=r.expires_at, deliver_at=r.deliver_at, group=r.group)
             if i < k and raws[i] is not None:
                 entry.msg = msg = Message(bytes(raws[i]))
                 msg.store_id = r.msg_id
             out.append(entry)
         return out
+
+    def _fixup_upto(self, queue: Queue) -> int:
+        """The recovery watermark of a queue whose fix-ups have not committed yet (0:
+        none): entries up to it read back still need their delivery-count+1."""
+        if not self.fixups:
+            return 0
+        if self.store.settled(self.fixup_batch):
+            self.fixups.clear()
+            return 0
+        return self.fixups.get(queue.store_id, 0)
 
     def drop_paged(self, queue: Queue, after: int, below: int | None = None,
                    skip: set[int] | frozenset[int] = frozenset(), chunk: int = 10_000) -> tuple[int, int]:
@@ -210,10 +246,59 @@ class DurabilityManager:
         """Delivered-but-unsettled entries come back after a crash with
         delivery-count+1 (AMQP 1.0 §3.2.1: the delivery may have been processed).
         An entry new in the batch still being filled is written with its state at
-        the hand-over: nothing more to queue."""
-        if entry.stored_in == self.store.batch:
-            return
-        self.store.update_entry(queue.store_id, _record(entry, delivered))
+        the hand-over: nothing more to queue.  A hand-over of an entry stored
+        earlier is covered by the queue's delivery watermark (store/marks.py)."""
+        store = self.store
+        if not delivered and not queue.acquired:
+            self._drop_watermark(queue)
+        if entry.stored_in == store.batch:
+            return   # (stored_in stays: a later redelivery waits for this batch if need be)
+        if delivered:
+            self._delivered(queue, entry)
+        else:
+            store.update_entry(queue.store_id, _record(entry, delivered))
+
+    def _drop_watermark(self, queue: Queue) -> None:
+        """An entry went back and the queue has nothing handed out any more: every
+        delivery its watermark covers was settled or given back with its own record,
+        so the watermark goes (messages given back at a normal close stay uncounted
+        after a crash).  Not on acknowledgements: a consumer taking one message at a
+        time would rewrite it, and wait for it, at every delivery.  A new object: a
+        commit callback of the old watermark must not make this one look committed."""
+        wm = self.watermarks.get(queue.store_id)
+        if wm is not None and wm.pending:
+            self.store.put_mark(queue.store_id, 0)
+            self.watermarks[queue.store_id] = Watermark()
+
+    def _delivered(self, queue: Queue, entry: Entry) -> None:
+        """Hand-over of an entry stored by an earlier batch: what makes it come back
+        marked after a crash, and the batch the delivery must wait for, left in
+        `entry.stored_in` as a hold code (core/entries.py hold_code)."""
+        store = self.store
+        current = store.batch
+        # The batch that stores the entry (or, handed out before, the one its last
+        # delivery waited for: it went back unseen, say) may still be on its way.
+        prev = held_batch(entry.stored_in)
+        wait = prev if prev >= 0 and not store.settled(prev) else -1
+        wm = self.watermarks.get(queue.store_id)
+        if wm is None:
+            wm = self.watermarks[queue.store_id] = Watermark()
+        mark, raise_to = wm.decide(entry.seq, self.tails.get(queue.store_id, entry.seq),
+                                   queue.lowest_ready_seq)
+        if raise_to:
+            store.put_mark(queue.store_id, raise_to)
+            wm.written(raise_to, current)
+            store.after_commit(functools.partial(_mark_settled, wm, raise_to))
+        if mark is Mark.PENDING:
+            if not store.settled(wm.batch):
+                wait = max(wait, wm.batch)
+        elif mark is Mark.RAISED:
+            wait = current
+        elif mark is Mark.ENTRY:
+            self.entry_marks += 1
+            store.update_entry(queue.store_id, _record(entry, True))
+            wait = current
+        entry.stored_in = hold_code(wait)
 
     def _load_body(self, entry: Entry) -> Message:
         raw = self.store.read_message(entry.store_ref)
@@ -254,6 +339,7 @@ class DurabilityManager:
                 lifetime=LifetimePolicy(rec.lifetime), max_delivery_attempts=rec.max_delivery_attempts)
             queue.store_id = rec.queue_id
             queue.reset_seq(rec.last_seq + 1)
+            self.tails[rec.queue_id] = rec.last_seq
             self._queue_declared(queue)
             by_id[rec.queue_id] = queue
             top = max(top, rec.queue_id)
@@ -293,6 +379,14 @@ class DurabilityManager:
         budget = queue.memory_budget
         window = queue.page_in_batch if budget else 0
         loaded = 0
+        # Entries up to the delivery watermark may have been handed out: they come
+        # back with delivery-count+1 like entries marked delivered (store/marks.py).
+        # The watermark is then spent: the fix-ups are written in the same batch.
+        upto = self._upto = store.read_watermark(queue.store_id)
+        if upto:
+            store.put_mark(queue.store_id, 0)
+            self.fixups[queue.store_id] = upto
+            self.fixup_batch = store.batch
         while True:
             if window and loaded >= window:
                 self._count_paged(queue, after)
@@ -304,7 +398,7 @@ class DurabilityManager:
             for rec in records:
                 after = rec.seq
                 mid = rec.msg_id
-                if rec.delivered:
+                if rec.delivered or rec.seq <= upto:
                     rec.delivery_count += 1
                     rec.delivered = False
                     self.redelivered += 1
@@ -341,6 +435,7 @@ class DurabilityManager:
         store = self.store
         refs = self.refs
         seen = self._seen.add
+        upto = self._upto   # the delivery watermark read by _load_entries
         release = getattr(store, "release_map", None)
         cursor = after
         count = size = 0
@@ -354,7 +449,7 @@ class DurabilityManager:
                 size += n
                 if seen(mid):
                     refs[mid] = refs.get(mid, 1) + 1
-                if delivered:
+                if delivered or seq <= upto:
                     rec = store.read_entries(queue.store_id, seq - 1, 1)[0]
                     rec.delivery_count += 1
                     rec.delivered = False
@@ -365,6 +460,10 @@ class DurabilityManager:
         if count:
             queue.restore_paged(cursor, count, size)
             self.recovered_messages += count
+
+
+def _mark_settled(wm: Watermark, value: int, error: BaseException | None) -> None:
+    wm.settled(value, error is None)
 
 
 def _unreadable(exc: BaseException) -> bool:

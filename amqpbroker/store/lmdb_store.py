@@ -101,6 +101,7 @@ class LmdbStore(WriterChannel, LmdbReads, Store):
         # Called on the loop thread with [(queue id, seq)] of new entries a failed
         # commit did not store (before that batch's callbacks run).
         self.on_lost_entries: Callable[[list[tuple[int, int]]], None] | None = None
+        self.on_closing: Callable[[], None] | None = None
         # Health (metrics): why durable messages are refused now (None: they are
         # not), since when (time.time()), and batches whose callbacks got an error.
         self.degraded: str | None = None
@@ -237,6 +238,11 @@ class LmdbStore(WriterChannel, LmdbReads, Store):
         return snap
 
     def close(self) -> None:
+        if self.on_closing is not None:   # last writes of a clean stop (DurabilityManager.closing)
+            try:
+                self.on_closing()
+            except Exception:
+                log.exception("store at %s: the writes before closing failed", self.path)
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
@@ -329,6 +335,9 @@ class LmdbStore(WriterChannel, LmdbReads, Store):
     def delete_entry(self, queue_id: int, seq: int) -> None:
         self.writes().delete_entry(queue_id, seq)
 
+    def put_mark(self, queue_id: int, seq: int) -> None:
+        self.writes().put_mark(queue_id, seq)
+
     # Small keyed records beside the broker model (duplicate-detection ids, log
     # reader claims: server/sequence.py), written in the same batches as messages.
     def put_record(self, db: str, key: bytes, value: bytes) -> None:
@@ -341,6 +350,20 @@ class LmdbStore(WriterChannel, LmdbReads, Store):
         batch = self.writes()
         batch.ops += 1
         batch.callbacks.append(callback)
+
+    def settled(self, number: int) -> bool:
+        waiting = self._waiting
+        return number < (waiting[0][0] if waiting else self.batch)
+
+    def after_batch(self, number: int, callback: Callable[[BaseException | None], None]) -> None:
+        if number >= self.batch:
+            self.after_commit(callback)
+            return
+        for n, batch in self._waiting:   # a few batches on their way at most
+            if n == number:
+                batch.callbacks.append(callback)   # run on the loop thread when it settles
+                return
+        callback(None)   # settled already
 
     def flush(self, timeout: float = 30.0) -> None:
         """Block (loop thread) until everything queued so far is committed (or failed)."""

@@ -12,7 +12,7 @@ from typing import Any
 import lmdb
 
 from .base import EntryRecord
-from .batch import ENTRY_KEY, ENTRY_VAL, U32, U64
+from .batch import ENTRY_KEY, ENTRY_VAL, MARK_KEY, U32, U64
 from .maps import release_map
 
 _SCAN_VAL = struct.Struct(">QIBBI")      # the head of ENTRY_VAL: up to the size
@@ -108,6 +108,12 @@ class LmdbReads:
         """The last sequence number committed for a queue (0: none yet)."""
         with self._read_lock, self._begin() as txn:
             raw = txn.get(U32.pack(queue_id), db=self._dbs["seqs"])
+        return U64.unpack(raw)[0] if raw else 0
+
+    def read_watermark(self, queue_id: int) -> int:
+        """A queue's committed delivery watermark (store/marks.py; 0: none)."""
+        with self._read_lock, self._begin() as txn:
+            raw = txn.get(MARK_KEY + U32.pack(queue_id), db=self._dbs["meta"])
         return U64.unpack(raw)[0] if raw else 0
 
     # Small keyed records beside the broker model (duplicate-detection ids, log

@@ -74,6 +74,8 @@ def _decoders() -> dict[str, Callable[[bytes, bytes, dict], None]]:
             int(v.decode("ascii"))
         elif k == b"next_msg_id":
             seen["next_msg_id"] = u64.unpack(v)[0]
+        elif k.startswith(b"delivered-to:"):   # a queue's delivery watermark (store/marks.py)
+            u64.unpack(v)
 
     def exchanges(k, v, seen):
         d = json.loads(v)

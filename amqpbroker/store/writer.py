@@ -58,13 +58,13 @@ READ_SIZE = 1 << 20
 def batch_fields(b: Batch) -> tuple:
     """What of a sealed batch the writer needs (not its callbacks)."""
     return (b.meta, b.entry_dels, b.entry_puts, b.msg_dels, b.msg_puts, b.last_seq, b.max_msg_id,
-            b.new_keys, b.ops)
+            b.new_keys, b.ops, b.marks)
 
 
 def batch_from_fields(fields: tuple) -> Batch:
     b = Batch()
     (b.meta, b.entry_dels, b.entry_puts, b.msg_dels, b.msg_puts, b.last_seq, b.max_msg_id,
-     b.new_keys, b.ops) = fields
+     b.new_keys, b.ops, b.marks) = fields
     return b
 
 

@@ -305,24 +305,6 @@ def test_purge_and_remove_below_reach_the_paged_region():
     assert q.depth == 0 and q.paged_count == 0 and q.bytes == 0 and store.written == {}
 
 
-def test_congested_only_while_active_consumers_fall_behind():
-    clock = Clock()
-    q = Queue("q", clock=clock)
-    for i in range(10):
-        q.enqueue(make_message(i))
-    assert not q.congested(5), "a backlog without consumers is not congestion"
-    c = RecordingConsumer(credit=0)
-    q.add_consumer(c)
-    assert not q.congested(5), "consumers that never took anything are not behind, just idle"
-    c.grant(2, q)                       # the consumer takes two: active now
-    assert q.ready_count == 8
-    assert q.congested(5) and not q.congested(8)
-    clock.t += 2.0                      # and then stops taking for a while
-    assert not q.congested(5), "an idle consumer does not hold producers back"
-    c.grant(5, q)
-    assert q.ready_count == 3 and not q.congested(5)
-
-
 def _paged(seq: int):
     from amqpbroker.core.queues import Entry
     return Entry.paged(seq, store_ref=seq, size=10, priority=4, delivery_count=0,

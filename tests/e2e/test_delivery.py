@@ -16,7 +16,7 @@ import pytest
 from proton import Delivery, Link, Message, Timeout, symbol
 from proton.reactor import AtMostOnce
 
-from tests.client import SourceOptions, connect
+from tests.client import SourceOptions
 from tests.e2e.helpers_delivery import (
     QUIET,
     WAIT,
@@ -443,58 +443,3 @@ def test_bad_application_properties_do_not_poison_a_queue_with_a_selector_consum
         rest = drain_bodies(conn, receiver(conn, q, credit=10))
     # Accepted → passed through as sent; rejected → not on the queue.
     assert rest == (["abc"] if bad.remote_state == Delivery.ACCEPTED else [])
-
-
-# ---------------------------------------------------------------------- flow control
-
-FLOW_CONFIG = """
-[limits]
-link_credit = 20
-flow_control_depth = 50
-"""
-
-
-def test_producer_waits_while_active_consumers_fall_behind(broker_factory):
-    """A queue whose consumer is taking messages but holds more than
-    flow_control_depth ready ones stops topping up its producers' credit; they go
-    on once it has drained (no message is refused or lost)."""
-    b = broker_factory(FLOW_CONFIG)
-    q = uid("flow")
-    consumer_conn, producer_conn = connect(b.url), connect(b.url)
-    try:
-        rcv = consumer_conn.create_receiver(q, credit=5)
-        snd = producer_conn.create_sender(q)
-        for i in range(5):
-            snd.send(Message(body=f"warm-{i}"))
-        assert bodies_of_n(rcv, 5) == [f"warm-{i}" for i in range(5)]   # the consumer is active
-        # From here the consumer's connection is not serviced: it falls behind.
-        sent = 0
-        try:
-            while sent < 1000:
-                snd.send(Message(body=f"m-{sent}"), timeout=0.3)
-                sent += 1
-        except Timeout:
-            pass   # m-{sent} waits for credit in the producer's connection
-        assert 50 <= sent < 200, f"{sent} sent before the producer had to wait"
-        got = bodies_of_n(rcv, sent)
-        sent += 1
-        while sent < 300:   # drained: credit flows again (the waiting one goes first)
-            try:
-                snd.send(Message(body=f"m-{sent}"), timeout=5)
-            except Timeout:
-                pytest.fail(f"the producer stayed blocked after the queue drained ({sent} sent)")
-            got += bodies_of_n(rcv, 1)
-            sent += 1
-        got += bodies_of_n(rcv, 1)
-        assert got == [f"m-{i}" for i in range(300)]
-    finally:
-        producer_conn.close()
-        consumer_conn.close()
-
-
-def bodies_of_n(rcv, n: int, timeout: float = 10) -> list:
-    out = []
-    for _ in range(n):
-        out.append(rcv.receive(timeout=timeout).body)
-        rcv.accept()
-    return out

@@ -44,7 +44,12 @@ def reference(fig: BrokerFigures) -> bytes:
                      ("amqpbroker_queue_delivered", CounterMetricFamily, "Deliveries to consumers", 5),
                      ("amqpbroker_queue_acked", CounterMetricFamily, "Messages accepted by consumers", 6),
                      ("amqpbroker_queue_expired", CounterMetricFamily, "Messages expired (TTL)", 7),
-                     ("amqpbroker_queue_dead_lettered", CounterMetricFamily, "Messages dead-lettered", 8)]
+                     ("amqpbroker_queue_dead_lettered", CounterMetricFamily, "Messages dead-lettered", 8),
+                     ("amqpbroker_queue_overflow_rejected", CounterMetricFamily,
+                      "Messages rejected because the queue was full (overflow reject)", 9),
+                     ("amqpbroker_queue_overflow_dropped", CounterMetricFamily,
+                      "Messages dropped or dead-lettered from the head because the queue was full "
+                      "(overflow drop-head)", 10)]
             for name, cls, doc, i in specs:
                 fam = cls(name, doc, labels=lab)
                 rows = list(zip(fig.queues.names, *(fig.queues.column(c) for c in QUEUE_FIELDS)))
@@ -168,7 +173,8 @@ def test_broker_wide_counters_never_go_down():
     assert carry.totals(carried([("a", (2, 0, *z)), ("b", (1, 0, *z))]))[:2] == (12, 1), \
         "a re-created in place (same queues, lower counters)"
     assert carry.totals(carried([]))[:2] == (12, 1) and carry.totals(carried([]))[:2] == (12, 1)
-    assert carry.totals(carried([("c", (0, 0, 0, 0, 4))])) == (12, 1, 0, 0, 4)
+    assert carry.totals(carried([("c", (0, 0, 0, 0, 4))])) == (12, 1, 0, 0, 4, 0, 0)
+    assert carry.totals(carried([("c", (0, 0, 0, 0, 4, 2, 3))])) == (12, 1, 0, 0, 4, 2, 3)
 
 
 def test_figures_are_columns_the_gc_does_not_see_per_queue():
@@ -181,6 +187,7 @@ def test_figures_are_columns_the_gc_does_not_see_per_queue():
     class FakeQueue:
         name, depth, bytes, consumers = "q", 1, 2, []
         enqueued_total = delivered_total = acked_total = expired_total = dead_lettered_total = 0
+        overflow_rejected_total = overflow_dropped_total = 0
 
     cols = QueueColumns()
     read = queue_reader(cols)

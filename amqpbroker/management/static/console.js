@@ -139,7 +139,21 @@ function queueRow(q) {
     el("td", {}, q.name), el("td", { class: "n" }, q.depth), el("td", { class: "n" }, bytes(q.bytes)),
     el("td", { class: "n" }, q.consumers), el("td", { class: "n" }, q.enqueue_rate.toFixed(1)),
     el("td", { class: "n" }, q.ack_rate.toFixed(1)), el("td", { class: "n" }, q.enqueued_total),
-    el("td", { class: "n" }, q.acked_total), el("td", {}, purge, " ", q.subscription ? "" : del));
+    el("td", { class: "n" }, q.acked_total), el("td", { class: "limit" }, limitText(q)),
+    el("td", {}, purge, " ", q.subscription ? "" : del));
+}
+
+// A queue's limits and overflow policy, and what overflow did (docs/operations.md).
+function limitText(q) {
+  if (!q.limits) return "—";
+  const l = q.limits;
+  const parts = [];
+  if (l.max_depth) parts.push(`${l.max_depth} msgs`);
+  if (l.max_bytes) parts.push(bytes(l.max_bytes));
+  let text = `${parts.join(" / ")}, ${l.overflow}`;
+  if (q.overflow_rejected_total) text += ` · ${q.overflow_rejected_total} rejected`;
+  if (q.overflow_dropped_total) text += ` · ${q.overflow_dropped_total} dropped`;
+  return text;
 }
 
 function connectionRow(c) {
@@ -174,6 +188,10 @@ async function refresh() {
     ]);
     document.getElementById("overview").textContent =
       `${overview.container_id} ${overview.version} · ${overview.connections} connection(s) · ${overview.messages} message(s)`;
+    const alarms = overview.alarms || [];
+    const alarmEl = document.getElementById("alarms");
+    alarmEl.hidden = alarms.length === 0;
+    alarmEl.textContent = alarms.length ? `${alarms.join(" + ")} alarm: producers blocked` : "";
     const abandoned = subs.filter((s) => s.abandoned).length;
     document.getElementById("sub-count").textContent = `${subs.length}` + (abandoned ? ` · ${abandoned} abandoned` : "");
     const { queues, total, offset } = page;
