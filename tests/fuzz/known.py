@@ -1,5 +1,5 @@
-"""Findings the fuzz run already knows: broker bugs reported with a regression test
-in tests/fuzz/test_regressions.py (xfail, strict).  The run counts them and goes
+"""Findings the fuzz run already knows (none open today): broker bugs reported with
+a regression test in tests/fuzz/test_regressions.py (xfail, strict).  The run counts them and goes
 on; anything else fails it.  When a bug is fixed, its regression test XPASSes
 (and fails the suite): remove the marker there and the entry here together.
 """

@@ -1,8 +1,8 @@
 """Broker bugs the fuzzers found, each as the smallest reproduction: the exact
-bytes, against the real broker (or the pure codec).  They are `xfail(strict=True)`:
-the suite stays green while a bug is there and fails the moment it is fixed
-(XPASS), so that the marker, and the matching entry in tests/fuzz/known.py (the
-fuzz run's list of known findings), are removed together with the fix.
+bytes, against the real broker (or the pure codec).  All of them are fixed and
+these tests pass.  A new finding comes in as `xfail(strict=True)` with a matching
+entry in tests/fuzz/known.py (the fuzz run's list of known findings) and loses
+both together with its fix (a strict xfail fails the suite once it passes).
 """
 
 from __future__ import annotations
