@@ -35,7 +35,7 @@ from backlog import Broker, loadgen, log  # bench/backlog.py: one broker, loadge
 def p2p(url: str, queue: str, a: argparse.Namespace) -> dict:
     return loadgen(url, ["--address", queue, "--messages", str(a.messages), "--size", str(a.size),
                          "--senders", "1", "--receivers", "1", "--window", str(a.window),
-                         "--credit", str(a.credit), "--durable"], a.timeout)
+                         "--credit", str(a.credit), "--durable", "--drain-backlog"], a.timeout)
 
 
 def rabbitmq_rate(a: argparse.Namespace) -> float | None:
