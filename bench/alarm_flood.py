@@ -267,8 +267,12 @@ def verdict(rows: list[dict]) -> list[str]:
         return [f"the memory alarm was never raised (peak RSS {peak / MiB:,.1f} MiB): raise --seconds or "
                 f"lower --watermark"]
     first = raised[0]
+    limit = first['alarms']['memory']['limit']
     out.append(f"memory alarm raised at t={first['t']:.1f}s, RSS {first['rss'] / MiB:,.1f} MiB "
-               f"(watermark {first['alarms']['memory']['limit'] / MiB:,.1f} MiB)")
+               f"(watermark {limit / MiB:,.1f} MiB)")
+    peak = max(rows, key=lambda r: r["rss"])
+    out.append(f"peak RSS {peak['rss'] / MiB:,.1f} MiB at t={peak['t']:.1f}s ({peak['phase']}): "
+               f"{'UNDER' if peak['rss'] <= limit else 'OVER'} the watermark ({peak['rss'] / limit:.3f} x)")
     # Blocked: consecutive samples under the alarm with nothing sent, no credit, producer up, no
     # rejection -- in the flood only (once a consumer drains, the alarm may clear and credit
     # flow again; there is no other flow control by consumer speed).

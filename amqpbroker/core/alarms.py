@@ -20,6 +20,15 @@ receiver's permission to send); nothing is refused or closed.  Subscribers to
   `disk_free_limit` (default 50 MB, RabbitMQ's default); cleared once it is at least
   `DISK_CLEAR_RATIO` x the limit.  Off when the store is (nothing is written).
 
+**Raised before the watermark is crossed, not after.**  Readings come every
+`check_interval`; a producer flooding a queue grows the RSS by tens of MiB a second
+(bench/alarm_flood.py: 36 MiB/s of 1 KiB messages), so an alarm raised on the first
+reading above the line leaves the broker that far above it.  The watch passes the
+growth it expects before its next reading (`ahead`: the rate between its last two
+readings x the time to the next), and the alarm is raised when the RSS *would* be
+above the watermark by then; and near the watermark (`NEAR_RATIO`) it reads every
+`NEAR_INTERVAL`.  Clearing looks at the reading alone.
+
 The margins keep an alarm from flapping: a broker hovering at its watermark would
 otherwise block and unblock producers every check, each unblock letting a burst in
 (RabbitMQ has no margin and documents that flapping).
@@ -45,6 +54,8 @@ KINDS = (MEMORY, DISK)
 DEFAULT_MEMORY_HIGH_WATERMARK = 0.4            # RabbitMQ's vm_memory_high_watermark default
 DEFAULT_DISK_FREE_LIMIT = 50_000_000           # RabbitMQ's disk_free_limit default (50 MB)
 MEMORY_CLEAR_RATIO = 0.95                      # memory clears below 95 % of the limit
+NEAR_RATIO = 0.8                               # from 80 % of the limit, memory is read ...
+NEAR_INTERVAL = 0.1                            # ... at least every 0.1 s
 DISK_CLEAR_RATIO = 1.05                        # disk clears at 105 % of the limit free
 
 # cgroup v1 writes "no limit" as the largest page-aligned counter value
@@ -190,13 +201,27 @@ class AlarmChange:
     limit: int            # memory: the high watermark; disk: disk_free_limit
     clear_at: int         # memory: clears below this; disk: clears from this many bytes free
     blocking: bool        # whether any alarm is raised after this change
+    ahead: int = 0        # memory raised: the growth expected before the next reading
 
 
-def memory_decision(raised: bool, used: int, limit: int) -> bool:
-    """Whether the memory alarm is raised after a reading (hysteresis: see the module)."""
+def memory_decision(raised: bool, used: int, limit: int, ahead: int = 0) -> bool:
+    """Whether the memory alarm is raised after a reading (hysteresis: see the module).
+    `ahead`: the growth expected before the next reading; from the clear level up, the
+    alarm is raised when the RSS would be above the watermark by then (a shrinking RSS
+    does not count).  Not below the clear level: the next reading would clear it, and
+    producers would be blocked and unblocked at every reading."""
+    clear_at = limit * MEMORY_CLEAR_RATIO
     if raised:
-        return used >= limit * MEMORY_CLEAR_RATIO
-    return used > limit
+        return used >= clear_at
+    return used > limit or (used >= clear_at and used + max(ahead, 0) > limit)
+
+
+def next_check(interval: float, used: int | None, limit: int | None) -> float:
+    """Seconds to the next reading: `interval`, or `NEAR_INTERVAL` once memory is
+    within reach of its watermark (reading /proc/self/statm costs microseconds)."""
+    if used is None or limit is None or used < limit * NEAR_RATIO:
+        return interval
+    return min(interval, NEAR_INTERVAL)
 
 
 def disk_decision(raised: bool, free: int, limit: int) -> bool:
@@ -219,6 +244,7 @@ class Alarms:
         self.disk_free_limit = DEFAULT_DISK_FREE_LIMIT
         self.disk_enabled = disk_enabled
         self.memory_used: int | None = None      # last readings (None: none yet)
+        self.memory_ahead = 0                     # growth expected before the next reading
         self.physical_memory: int | None = None
         self.cgroup_limit: int | None = None
         self.disk_free: int | None = None
@@ -311,12 +337,15 @@ class Alarms:
         return self._decide()
 
     def feed(self, *, rss: int | None = None, physical_memory: int | None = None,
-             cgroup_limit: int | None = None, disk_free: int | None = None) -> list[AlarmChange]:
+             cgroup_limit: int | None = None, disk_free: int | None = None,
+             rss_ahead: int = 0) -> list[AlarmChange]:
         """New readings (None: not read this time, the last one stands; except
         `cgroup_limit`, where None is "no limit" and is taken as given with
-        `physical_memory`), then decide."""
+        `physical_memory`), then decide.  `rss_ahead`: how much the RSS is expected
+        to grow before the next reading (see the module)."""
         if rss is not None:
             self.memory_used = rss
+            self.memory_ahead = rss_ahead
         if physical_memory is not None:
             self.physical_memory = physical_memory
             self.cgroup_limit = cgroup_limit
@@ -331,7 +360,7 @@ class Alarms:
         changes = []
         limit = self.memory_limit
         if self.memory_used is not None and limit is not None:
-            now = memory_decision(self._raised[MEMORY], self.memory_used, limit)
+            now = memory_decision(self._raised[MEMORY], self.memory_used, limit, self.memory_ahead)
             if now != self._raised[MEMORY]:
                 changes.append(self._change(MEMORY, now, self.memory_used, limit))
         if self.disk_enabled and self.disk_free is not None:
@@ -348,7 +377,8 @@ class Alarms:
         self._raised[kind] = raised
         if raised:
             self.raised_total[kind] += 1
-        change = AlarmChange(kind, raised, value, limit, self.clear_at(kind) or 0, self.blocking)
+        ahead = self.memory_ahead if kind == MEMORY and raised else 0
+        change = AlarmChange(kind, raised, value, limit, self.clear_at(kind) or 0, self.blocking, ahead)
         self._notify(self._observers, change)
         return change
 
@@ -363,5 +393,5 @@ class Alarms:
 
 
 __all__ = ["AlarmChange", "Alarms", "CgroupMount", "DISK", "KINDS", "MEMORY", "limit_files", "lowest_limit",
-           "memory_available", "memory_limit", "parse_bytes", "parse_limit", "parse_mountinfo",
+           "memory_available", "memory_limit", "next_check", "parse_bytes", "parse_limit", "parse_mountinfo",
            "parse_proc_cgroup"]

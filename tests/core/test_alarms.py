@@ -8,6 +8,7 @@ import pytest
 from amqpbroker.core.alarms import (
     DISK,
     MEMORY,
+    NEAR_INTERVAL,
     AlarmChange,
     Alarms,
     CgroupMount,
@@ -16,6 +17,7 @@ from amqpbroker.core.alarms import (
     lowest_limit,
     memory_decision,
     memory_limit,
+    next_check,
     parse_bytes,
     parse_limit,
     parse_mountinfo,
@@ -40,6 +42,38 @@ MB = 1_000_000
 ])
 def test_memory_decision(raised, used, limit, after):
     assert memory_decision(raised, used, limit) is after
+
+
+@pytest.mark.parametrize("raised, used, ahead, after", [
+    (False, 96, 4, False),         # still not above after the expected growth
+    (False, 96, 5, True),          # would be above by the next reading: raised now
+    (False, 95, 6, True),          # from the clear level up
+    (False, 94, 50, False),        # below it, the next reading would clear it: not raised
+    (False, 99, -50, False),       # shrinking: counts as no growth
+    (False, 101, -50, True),       # above is above, whatever the trend
+    (True, 94, 50, False),         # clearing looks at the reading alone
+])
+def test_memory_decision_looks_ahead_when_raising(raised, used, ahead, after):
+    assert memory_decision(raised, used, 100, ahead) is after
+
+
+@pytest.mark.parametrize("used, limit, delay", [
+    (None, 100, 1.0), (50, None, 1.0),   # nothing known: the configured interval
+    (79, 100, 1.0),                      # far from the watermark
+    (80, 100, NEAR_INTERVAL),            # within 80 %: read often
+    (120, 100, NEAR_INTERVAL),
+])
+def test_next_check_is_sooner_near_the_watermark(used, limit, delay):
+    assert next_check(1.0, used, limit) == delay
+    assert next_check(0.05, used, limit) == 0.05    # a shorter interval stays
+
+
+def test_feed_raises_on_the_growth_expected_before_the_next_reading():
+    a, blocking, changes = fed(memory_high_watermark_absolute=100)
+    a.feed(rss=90, rss_ahead=50)
+    assert not a.blocking
+    a.feed(rss=96, rss_ahead=10)
+    assert a.blocking and (changes[-1].value, changes[-1].ahead) == (96, 10) and blocking == [True]
 
 
 @pytest.mark.parametrize("raised, free, limit, after", [

@@ -96,6 +96,35 @@ def test_trims_at_most_every_few_seconds_and_only_at_the_limit(tmp_path, reading
     assert readings["trims"] == 2 and not alarms.blocking                # below the limit: no trim
 
 
+def test_a_flood_raises_the_alarm_before_the_watermark_is_crossed(tmp_path, readings, caplog):
+    """A flood: readings come every 0.1 s from 80 % of a 100 MiB watermark, and the
+    reading at 97 MiB growing 12 MiB per 0.1 s (24 MiB counted) raises the alarm before the RSS is
+    above the watermark."""
+    caplog.set_level(logging.INFO, "amqpbroker.alarms")
+    readings["rss"] = 45 * MiB
+    w, alarms, loop = watch(tmp_path, readings, memory_high_watermark_absolute=100 * MiB)
+    w.start()
+    assert loop.timers[-1][0] == 0.5
+    readings["rss"], readings["now"] = 65 * MiB, readings["now"] + 0.5
+    w.check()
+    assert not alarms.blocking and loop.timers[-1][0] == 0.5
+    readings["rss"], readings["now"] = 85 * MiB, readings["now"] + 0.5     # 40 MiB/s, 4 MiB per 0.1 s
+    w.check()
+    assert not alarms.blocking and loop.timers[-1][0] == 0.1
+    readings["rss"], readings["now"] = 97 * MiB, readings["now"] + 0.1     # 120 MiB/s: 12 MiB ahead
+    w.check()
+    assert alarms.blocking and alarms.memory_used == 97 * MiB and readings["trims"] == 0   # below: no trim
+    assert caplog.records[-1].getMessage().startswith(
+        "memory alarm raised: broker RSS 97.0 MiB is growing (+24.0 MiB expected by the next check) towards "
+        "the high watermark 100.0 MiB")
+    readings["rss"], readings["now"] = 96 * MiB, readings["now"] + 0.1
+    w.check()
+    assert alarms.blocking                                                # clears below 95 MiB only
+    readings["rss"], readings["now"] = 94 * MiB, readings["now"] + 0.1
+    w.check()
+    assert not alarms.blocking
+
+
 def test_disk_alarm_log_lines_and_no_disk_without_a_store(tmp_path, readings, caplog):
     caplog.set_level(logging.INFO, "amqpbroker.alarms")
     w, _, _ = watch(tmp_path, readings, disk_free_limit=50_000_000)
