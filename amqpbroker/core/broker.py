@@ -113,6 +113,7 @@ class Broker:
         queue.defer = self.defer
         queue.timers = self.timers
         queue.limits = limits_for(name, self.policy.queue_limits, limits)
+        queue.declared_limits = limits
         self.queues[name] = queue
         if self.on_queue_declared is not None:
             self.on_queue_declared(queue)
@@ -254,8 +255,24 @@ class Broker:
             queue.enqueue(msg)
         return queues
 
-    @staticmethod
-    def _admit(queues: list[Queue], incoming: int) -> None:
+    def check_limits(self, msg: Message, target: Resolution) -> None:
+        """A transactional send, when it is staged: raises QueueFull now if a queue it
+        would reach is full with overflow `reject` (Artemis fails such a send at send
+        time too), rather than letting the commit, which is all or nothing, take it
+        past the limit.  Nothing is queued, dropped or created."""
+        if target.kind is AddressKind.QUEUE:
+            queue = self.queues.get(target.name)
+            queues = [queue] if queue is not None else []
+        elif target.kind is AddressKind.NEW_QUEUE:
+            queues = []      # not there yet: empty when the commit creates it
+        else:
+            queues = self.route(target.name, target.key, msg)
+        for queue in queues:
+            if queue.limits is not None and queue.admission(msg.size) is Admission.REJECT:
+                self._refuse(queue)
+
+    @classmethod
+    def _admit(cls, queues: list[Queue], incoming: int) -> None:
         """Queue limits (core/limits.py) for one message, fan-out included: one full
         `reject` queue rejects it for all (a retry must not duplicate it elsewhere);
         `drop-head` queues make room; `block` is applied to credit, not here."""
@@ -265,15 +282,19 @@ class Broker:
                 continue
             verdict = queue.admission(incoming)
             if verdict is Admission.REJECT:
-                queue.overflow_rejected_total += 1
-                lim = queue.limits
-                raise QueueFull(f"queue '{queue.name}' is full: {queue.depth} messages, {queue.bytes} bytes "
-                                f"(max_depth {lim.max_depth or '-'}, max_bytes {lim.max_bytes or '-'}, "
-                                f"overflow {lim.overflow.value})")
+                cls._refuse(queue)
             if verdict is Admission.DROP_HEAD:
                 dropping = (dropping or []) + [queue]
         for queue in dropping or ():
             queue.make_room(incoming)
+
+    @staticmethod
+    def _refuse(queue: Queue) -> None:
+        queue.overflow_rejected_total += 1
+        lim = queue.limits
+        raise QueueFull(f"queue '{queue.name}' is full: {queue.depth} messages, {queue.bytes} bytes "
+                        f"(max_depth {lim.max_depth or '-'}, max_bytes {lim.max_bytes or '-'}, "
+                        f"overflow {lim.overflow.value})")
 
     def route(self, exchange_name: str, key: str | None, msg: Message) -> list[Queue]:
         exchange = self.exchanges.get(exchange_name)

@@ -57,9 +57,14 @@ class QueueLimits:
         return bool(self.max_depth or self.max_bytes)
 
     def describe(self) -> dict:
-        """As the management API shows it."""
+        """As the management API shows it (and the store keeps declared limits)."""
         return {"max_depth": self.max_depth, "max_bytes": self.max_bytes,
                 "overflow": self.overflow.value}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "QueueLimits":
+        """The inverse of `describe`."""
+        return cls(int(d.get("max_depth", 0)), int(d.get("max_bytes", 0)), Overflow(d.get("overflow", "block")))
 
 
 @dataclass(frozen=True)

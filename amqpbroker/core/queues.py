@@ -49,7 +49,7 @@ class Queue(PagedRegion, LimitedQueue):
         "_ready", "_rr", "_scan", "_seq", "_slice", "_slice_bytes", "acked_total", "acquired", "bytes",
         "clock", "consumers", "created_at", "creator", "dead_letter", "dead_lettered_total", "defer",
         "deleted", "delivered_total", "durable", "enqueued_total", "exclusivity", "expired_total",
-        "_room", "hooks", "last_consumer_at", "last_delivered_at", "lifetime", "limits", "max_consumers",
+        "_room", "hooks", "last_consumer_at", "last_delivered_at", "lifetime", "limits", "declared_limits", "max_consumers",
         "max_delivery_attempts", "mem_bytes", "memory_budget", "name", "overflow_dropped_total",
         "overflow_rejected_total", "owner", "page_cursor",
         "page_in_batch", "page_in_low", "paged_bytes", "paged_count", "store_id", "timers", "unreadable_total",
@@ -110,6 +110,7 @@ class Queue(PagedRegion, LimitedQueue):
         # Limits and overflow (core/limits.py): None is no limit.  `_room` is called once
         # when a queue that blocked its producers has room again (the server tops them up).
         self.limits: QueueLimits | None = None
+        self.declared_limits: QueueLimits | None = None   # given at declare (kept by the store)
         self._room: Callable[["Queue"], None] | None = None
         self.overflow_rejected_total = 0
         self.overflow_dropped_total = 0

@@ -208,7 +208,7 @@ class Admin:
     def create_queue(self, name: str, *, durable: bool = True,
                      max_delivery_attempts: int | None = None, limits: QueueLimits | None = None) -> dict:
         """`limits`: declared with the queue (else a [[queue_limits]] pattern's); they
-        last until a restart (only configured limits are read at start)."""
+        are kept with a durable queue (its store record) and apply again after a restart."""
         _check_name(name, "queue")
         if name.startswith(SUBSCRIPTION_PREFIX) or name.startswith(TEMP_PREFIX):
             raise AdminError(f"queue names starting with '{SUBSCRIPTION_PREFIX}' or '{TEMP_PREFIX}' "
@@ -453,6 +453,7 @@ class Admin:
                      "limit": a.disk_free_limit, "clear_from": a.clear_at("disk"),
                      "raised_total": a.raised_total["disk"]},
             "check_interval": self.managed.settings.alarms.check_interval,
+            "producers_held": self.managed.flow.held,
         }
 
     def set_alarms(self, changes: dict[str, Any], who: str) -> dict:

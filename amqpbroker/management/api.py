@@ -109,7 +109,7 @@ class QueueIn(BaseModel):
     durable: bool = True
     max_delivery_attempts: int | None = Field(None, ge=0)
     # Queue limits (docs/operations.md "Queue limits and overflow"); none set: a
-    # [[queue_limits]] pattern's.  Kept until a restart.
+    # [[queue_limits]] pattern's.  Kept with a durable queue across restarts.
     max_depth: int | None = Field(None, ge=0)
     max_bytes: int | None = Field(None, ge=0)
     overflow: Literal["block", "reject", "drop-head"] | None = None
@@ -229,6 +229,7 @@ class AlarmsOut(BaseModel):
     memory: MemoryAlarmOut
     disk: DiskAlarmOut
     check_interval: float
+    producers_held: int = Field(0, description="producer links given no credit now: by an alarm or a full queue (overflow block)")
 
 
 class AlarmsIn(BaseModel):

@@ -137,6 +137,12 @@ def protection_figures(managed: Any) -> dict[str, tuple[str, str, float]]:
     alarms = getattr(managed, "alarms", None)
     if alarms is not None:
         out.update(alarm_figures(alarms))
+    flow = getattr(managed, "flow", None)
+    if flow is not None:
+        out["amqpbroker_producers_held"] = (
+            "gauge", "Producer links given no credit now: by an alarm or a full queue (overflow block)", flow.held)
+        out["amqpbroker_producers_held_total"] = (
+            "counter", "Times a producer link was held without credit", flow.held_total)
     return out
 
 

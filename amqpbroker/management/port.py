@@ -134,6 +134,9 @@ class ManagedBroker(Protocol):
     def alarms(self) -> Alarms: ...                          # memory and disk alarms; PUT /api/alarms
 
     @property
+    def flow(self) -> Any: ...                               # producers held (server/flow.py FlowGate: held, held_total)
+
+    @property
     def metrics_refused(self) -> Mapping[str, int]: ...      # refused attaches by condition
 
     @property

@@ -110,8 +110,11 @@ class BrokerServer:
             declared = q.queue_limits()
             queue = b.declare_queue(q.name, durable=q.durable, max_delivery_attempts=q.max_delivery_attempts,
                                     limits=declared)
-            # a recovered queue keeps no limits of its own: the config's apply to it too
-            queue.limits = limits_for(q.name, b.policy.queue_limits, declared)
+            # A recovered queue: limits in the config win; else those it was declared
+            # with (kept in its store record), else a pattern's.
+            if declared is not None:
+                queue.declared_limits = declared
+            queue.limits = limits_for(q.name, b.policy.queue_limits, queue.declared_limits)
         for bd in self.settings.bindings:
             if bd.exchange not in b.exchanges or bd.queue not in b.queues:
                 raise ValueError(f"binding {bd.exchange} -> {bd.queue}: exchange or queue not declared")

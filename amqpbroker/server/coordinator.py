@@ -114,6 +114,8 @@ def stage_send(handler: "ConnectionHandler", producer: Producer, dlv: Any, msg: 
     except TransactionError as exc:
         producer.settle_in_order(dlv, REJECTED, Condition(exc.condition, exc.description))
         return
+    # A full `reject` queue refuses the send now (not staged; the transaction goes on).
+    handler.broker.check_limits(msg, target)
     txn.sends.append((msg, target))
     producer.settle_in_order(dlv, TRANSACTIONAL_STATE, data=[txn.txn_id, ACCEPTED_OUTCOME])
 

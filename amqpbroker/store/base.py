@@ -37,6 +37,7 @@ class QueueRecord:
     lifetime: str
     max_delivery_attempts: int | None
     last_seq: int = 0
+    limits: dict | None = None    # limits declared with the queue (QueueLimits.describe)
 
 
 @dataclass

@@ -21,6 +21,7 @@ from ..core.broker import Broker
 from ..core.entries import held_batch, hold_code
 from ..core.exchanges import Binding
 from ..core.message import Message
+from ..core.limits import QueueLimits
 from ..core.queues import Entry, ExclusivityPolicy, LifetimePolicy, Queue
 from ..core.registry import SubscriptionRegistry
 from ..core.subscriptions import BindingSpec, Subscription, SubscriptionKey
@@ -116,8 +117,10 @@ class DurabilityManager:
         return self._read_paged(queue, after, limit)
 
     def _record(self, queue: Queue) -> QueueRecord:
+        declared = queue.declared_limits
         return QueueRecord(queue.name, queue.store_id, queue.exclusivity.value, queue.lifetime.value,
-                           queue.max_delivery_attempts)
+                           queue.max_delivery_attempts,
+                           limits=declared.describe() if declared is not None else None)
 
     def _queue_deleted(self, queue: Queue) -> None:
         if queue.store_id is not None:
@@ -336,7 +339,8 @@ class DurabilityManager:
         for rec in snap.queues:
             queue = b.declare_queue(
                 rec.name, durable=True, exclusivity=ExclusivityPolicy(rec.exclusivity),
-                lifetime=LifetimePolicy(rec.lifetime), max_delivery_attempts=rec.max_delivery_attempts)
+                lifetime=LifetimePolicy(rec.lifetime), max_delivery_attempts=rec.max_delivery_attempts,
+                limits=QueueLimits.from_dict(rec.limits) if rec.limits else None)
             queue.store_id = rec.queue_id
             queue.reset_seq(rec.last_seq + 1)
             self.tails[rec.queue_id] = rec.last_seq

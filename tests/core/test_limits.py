@@ -205,3 +205,20 @@ def test_transaction_commit_is_not_refused_by_limits():
     _send(b, "q", 3)
     b.publish(make_message("txn"), Resolution(AddressKind.QUEUE, "q"), enforce_limits=False)
     assert q.depth == 4
+
+
+def test_check_limits_refuses_a_staged_send_only_for_a_full_reject_queue_and_changes_nothing():
+    b, (rej, drop, blk) = _fanout(QueueLimits(max_depth=2, overflow=Overflow.REJECT),
+                                  QueueLimits(max_depth=1, overflow=Overflow.DROP_HEAD),
+                                  QueueLimits(max_depth=1, overflow=Overflow.BLOCK))
+    ex = Resolution(AddressKind.EXCHANGE, "ex")
+    b.check_limits(make_message("x"), ex)                 # nothing full yet
+    _send(b, "ex", 2, kind=AddressKind.EXCHANGE)
+    before = [q.depth for q in (rej, drop, blk)]
+    with pytest.raises(QueueFull, match="queue 's0' is full"):
+        b.check_limits(make_message("x"), ex)
+    assert [q.depth for q in (rej, drop, blk)] == before and rej.overflow_rejected_total == 1
+    b.check_limits(make_message("x"), Resolution(AddressKind.QUEUE, "s1"))      # drop-head: room is made later
+    b.check_limits(make_message("x"), Resolution(AddressKind.QUEUE, "s2"))      # block: credit, not here
+    b.check_limits(make_message("x"), Resolution(AddressKind.NEW_QUEUE, "new"))
+    assert "new" not in b.queues, "nothing is created by the check"

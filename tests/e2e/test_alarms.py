@@ -151,11 +151,18 @@ def test_producers_get_no_credit_while_an_alarm_is_raised(broker_factory):
             snd.send(Message(body="held"), timeout=1.0)
         # No credit came: the message waits in the client (proton counts it as credit -1).
         assert snd.link.queued == 1 and snd.link.credit == -1 and snd.link.state & snd.link.REMOTE_ACTIVE
+        with api(b) as c:                     # the held producer is counted
+            assert c.get("/api/alarms").json()["producers_held"] == 1
+            text = c.get("/metrics").text
+            assert metric(text, "amqpbroker_producers_held") == 1
+            assert metric(text, "amqpbroker_producers_held_total") >= 1
         # Consumers keep draining during the alarm.
         assert [m.body for m in receive_all(b.url, "alarm-backlog", timeout=2.0)] == ["queued before"]
         with api(b) as c:
             assert put(c, memory_high_watermark_absolute=HUGE)["blocking"] is False
         snd.send(Message(body="after"), timeout=5.0)      # settled: the held one went first
+        with api(b) as c:
+            assert c.get("/api/alarms").json()["producers_held"] == 0
     finally:
         producer.close()
     assert [m.body for m in receive_all(b.url, "alarm-credit", timeout=2.0)] == ["held", "after"]

@@ -289,3 +289,56 @@ def test_limits_declared_through_the_management_api(broker):
     finally:
         conn.close()
     assert states == [Delivery.ACCEPTED, Delivery.ACCEPTED, Delivery.REJECTED]
+
+
+def test_limits_declared_through_the_api_are_kept_across_a_restart(broker):
+    """A durable queue's declared limits are in its store record: after a restart the
+    queue is still limited (a [[queue_limits]] pattern would not cover it)."""
+    with api(broker) as c:
+        r = c.post("/api/queues", json={"name": "kept-limited", "max_depth": 2, "max_bytes": 4096,
+                                        "overflow": "reject"})
+        assert r.status_code == 201, r.text
+    broker.restart()
+    with api(broker) as c:
+        listed = {q["name"]: q for q in c.get("/api/queues").json()}
+    assert listed["kept-limited"]["limits"] == {"max_depth": 2, "max_bytes": 4096, "overflow": "reject"}
+    assert listed["rej"]["limits"]["max_depth"] == 3          # configured ones as before
+    conn = connect(broker.url)
+    try:
+        snd = conn.create_sender("kept-limited")
+        states = [snd.send(Message(body=i), error_states=[]).remote_state for i in range(3)]
+    finally:
+        conn.close()
+    assert states == [Delivery.ACCEPTED, Delivery.ACCEPTED, Delivery.REJECTED]
+
+
+def test_a_transactional_send_to_a_full_reject_queue_is_refused_when_staged(broker):
+    """The commit is all or nothing and would take the queue past its limit, so the
+    send is refused when it arrives (as Artemis fails it at send time): rejected with
+    amqp:resource-limit-exceeded, not staged; the transaction goes on and commits the
+    rest."""
+    from tests.e2e.helpers_conn import RawClient
+    from tests.e2e.jms_txn import TxnSession
+
+    conn = connect(broker.url)
+    try:
+        snd = conn.create_sender("rej")
+        assert [snd.send(Message(body=i), error_states=[]).remote_state for i in range(3)] == [Delivery.ACCEPTED] * 3
+    finally:
+        conn.close()
+    client = RawClient("127.0.0.1", broker.port, container_id=f"txn-{uid()}").wait_open()
+    try:
+        s = TxnSession(client)
+        full, other = s.sender("rej"), s.sender("news-other")
+        txn = s.declare()
+        refused = s.send(full, "over", txn)
+        staged = s.send(other, "fine", txn)
+        assert refused.remote_state == Delivery.REJECTED
+        assert refused.remote.condition.name == RESOURCE_LIMIT and "queue 'rej' is full" in \
+            refused.remote.condition.description
+        assert staged.remote_state == 0x34                     # transactional-state: staged
+        assert s.discharge(txn).remote_state == Delivery.ACCEPTED
+    finally:
+        client.close()
+    assert [m.body for m in receive_all(broker.url, "rej", timeout=2.0)] == [0, 1, 2]
+    assert [m.body for m in receive_all(broker.url, "news-other", timeout=2.0)] == ["fine"]
