@@ -166,9 +166,16 @@ def _sized_head(buf: bytes, off: int, wide: bool) -> tuple[int, int, int]:
     the count field too)."""
     if wide:
         size, count = _2u32(buf, off)
-        return count, off + 8, off + 4 + size
-    size, count = _2u8(buf, off)
-    return count, off + 2, off + 1 + size
+        first, end = off + 8, off + 4 + size
+    else:
+        size, count = _2u8(buf, off)
+        first, end = off + 2, off + 1 + size
+    # A size beyond the bytes present is a truncated value, refused before the count
+    # is believed (an array of zero-width elements would otherwise be as long as the
+    # size claims: 16M nulls from ten bytes).
+    if end > len(buf):
+        raise DecodeError(f"compound value of {size} bytes at offset {off} runs past the end ({len(buf)})")
+    return count, first, end
 
 
 def _nested(read: Callable[[bytes, int], tuple[Any, int]]) -> Callable[[bytes, int], tuple[Any, int]]:

@@ -130,3 +130,14 @@ def test_depth_is_restored_after_an_error():
         codec.decode(_deep_list(3000))
     assert codec._depth == 0
     assert codec.decode(_deep_list(10))[1] == len(_deep_list(10))
+
+
+def test_a_compound_size_past_the_end_is_refused_before_its_count_is_believed():
+    """Found by tests/core/test_codec_fuzz.py: array32 claiming 16 MiB and 16M+1 null
+    elements in ten bytes decoded 16M nulls (seconds) instead of refusing."""
+    raw = bytes.fromhex("f0010000000100000140")
+    with pytest.raises(codec.DecodeError, match="runs past the end"):
+        codec.decode(raw, 0)
+    for raw in (bytes.fromhex("c0ff0140"), bytes.fromhex("d00000ffff00000001")):   # list8, map32
+        with pytest.raises(codec.DecodeError):
+            codec.decode(raw, 0)
