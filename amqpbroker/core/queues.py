@@ -176,10 +176,36 @@ class Queue(PagedRegion, LimitedQueue):
                 return entry
         if entry.deliver_at is not None and entry.deliver_at > self.clock():
             self._schedule(entry)
-        else:
+        elif not self._hand_over_new(entry):
             self._ready.push(entry)
             self.dispatch()
         return entry
+
+    def _hand_over_new(self, entry: Entry) -> bool:
+        """The usual case of a queue keeping up (fan-out to subscriptions, a consumer
+        with credit): nothing is waiting, so a new entry is the first in any order and
+        goes straight to the next consumer in the round with credit, without the ready
+        list or a dispatch round.  False, and nothing changed, whenever the general
+        path has anything to decide: entries waiting, paging, browsers, groups, a
+        consumer with a selector or no-local before one with credit, a dispatch
+        already running or deferred."""
+        consumers = self.consumers
+        n = len(consumers)
+        if (not n or self._ready or self.paged_count or self._browsers or self._groups
+                or entry.group is not None or self._dispatching or self._deferred
+                or (entry.expires_at is not None and entry.expires_at <= self.clock())):
+            return False
+        start = self._rr % n
+        for i in range(n):
+            consumer = consumers[(start + i) % n]
+            if consumer.filtered or consumer.browser:
+                return False
+            if consumer.credit() > 0:
+                self._rr = start + i + 1
+                self._slice = self._slice_bytes = 1 << 30   # no slice to spend: one entry
+                self._hand_over(entry, consumer)
+                return True
+        return False
 
     def restore(self, entry: Entry) -> None:
         """Put back an entry rebuilt by the store at start-up (no store hook)."""
@@ -472,7 +498,8 @@ class Queue(PagedRegion, LimitedQueue):
                     entry.excluded = set()
                 entry.excluded.add(entry.consumer.consumer_id)
             self._return(entry, delivery_failed=(outcome is Outcome.MODIFIED and delivery_failed))
-        self.dispatch()
+        if self._ready or self.paged_count:   # the settled one freed a consumer's slot
+            self.dispatch()
 
     def settle_late(self, entry: Entry, outcome: Outcome, *, delivery_failed: bool = False) -> LateAction:
         """An outcome for an entry that went back when its consumer's link ended

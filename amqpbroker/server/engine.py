@@ -84,6 +84,7 @@ class AmqpProtocol(asyncio.Protocol):
         self.closed = False
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
+        self._timer_remote_idle = 0        # the peer's idle-timeout when the timer was armed
         self._dirty = False
         self._hs_timer: asyncio.TimerHandle | None = None
         self.hold = OutputHold()   # output waits for a store commit (hold_for_store)
@@ -357,18 +358,26 @@ class AmqpProtocol(asyncio.Protocol):
         t = self.transport
         if t is None or self.sock is None or self.hold.held:
             return  # held: _store_committed flushes
-        if self.collector.peek() is not None:
+        # Raw proton calls (no Python wrapper objects): a flush runs for every
+        # connection touched in a loop turn, which at moderate rates is once or twice
+        # per message, and the wrappers cost more than the work.
+        if lib.pn_collector_peek(self.collector._impl) != ffi.NULL:
             self._process()
             self._dirty = False
-        # pending() hands out at most one output-buffer's worth (8 KiB at first) per
+        # pending hands out at most one output-buffer's worth (8 KiB at first) per
         # call: loop until the transport has nothing more, or its output has ended.
-        pending = t.pending()
+        impl = t._impl
+        pending = lib.pn_transport_pending(impl)
         while pending > 0:
-            out = t.peek(pending)
-            t.pop(len(out))
+            buf = bytearray(pending)
+            n = lib.pn_transport_peek(impl, ffi.from_buffer(buf), pending)
+            if n < 0:
+                pending = n
+                break
+            lib.pn_transport_pop(impl, pending)
             if not self.closed:
-                self.sock.write(out)
-            pending = t.pending()
+                self.sock.write(buf)
+            pending = lib.pn_transport_pending(impl)
         handler = self.handler
         if handler is not None and handler.free_after_output:
             handler.output_written()   # links whose last dispositions just went out
@@ -386,14 +395,24 @@ class AmqpProtocol(asyncio.Protocol):
             self._arm_timer()
 
     def _arm_timer(self) -> None:
-        now = self.loop.time()
-        deadline = self.transport.tick(now)
-        if deadline <= 0:
-            return
+        """Keep a timer for the transport's next deadline (idle-timeout frames and
+        checks, AMQP 1.0 §2.4.5).  Traffic only moves deadlines later, so a timer
+        already armed stays: when it fires early, `_on_timer` ticks, and the flush
+        that follows arms the next one.  No tick per flush.  The exception is the
+        peer's open: its idle-timeout asks for frames from us sooner than any
+        deadline known before, so a change of it re-arms."""
+        impl = self.transport._impl
+        remote_idle = lib.pn_transport_get_remote_idle_timeout(impl)
         if self._timer is not None:
-            if self._timer_at <= deadline:
+            if remote_idle == self._timer_remote_idle:
                 return
             self._timer.cancel()
+            self._timer = None
+        self._timer_remote_idle = remote_idle
+        # pn_transport_tick takes and returns milliseconds (0: no deadline).
+        deadline = lib.pn_transport_tick(impl, int(self.loop.time() * 1000)) / 1000
+        if deadline <= 0:
+            return
         self._timer_at = deadline
         self._timer = self.loop.call_at(deadline, self._on_timer)
 
