@@ -72,6 +72,8 @@ typedef struct conn_ctx {
   uint8_t *seen; /* per-receiver bitmap of sequence numbers (fan-out mode) */
   int64_t *lat_ns;
   size_t lat_len, lat_cap;
+  int64_t *trace_sent; /* --latency-trace: send times, parallel to lat_ns */
+  size_t trace_len, trace_cap;
   char *buf;
   size_t buf_len, buf_cap;
   bool attached;
@@ -119,6 +121,7 @@ static struct {
   atomic_uint_fast64_t bad_seq;        /* body without marker / out of range */
   atomic_uint_fast64_t foreign;        /* sent by an earlier run (a backlog) */
   bool drain_backlog;                  /* --drain-backlog: those count as deliveries */
+  const char *trace_path;              /* --latency-trace FILE: one line per first delivery */
   _Atomic uint8_t *seen_all;           /* global bitmap (queue modes) */
   uint64_t seq_space;                  /* sequence numbers in use: [0, seq_space) */
   atomic_uint_fast64_t total_settled;  /* sender deliveries settled by peer */
@@ -306,6 +309,13 @@ static void receiver_message(conn_ctx_t *c, const char *data, size_t len) {
       if (c->lat_len == c->lat_cap) {
         c->lat_cap = c->lat_cap ? c->lat_cap * 2 : 4096;
         c->lat_ns = realloc(c->lat_ns, c->lat_cap * sizeof(int64_t));
+      }
+      if (g.trace_path) {
+        if (c->trace_len == c->trace_cap) {
+          c->trace_cap = c->trace_cap ? c->trace_cap * 2 : 4096;
+          c->trace_sent = realloc(c->trace_sent, c->trace_cap * sizeof(int64_t));
+        }
+        c->trace_sent[c->trace_len++] = t_sent;
       }
       c->lat_ns[c->lat_len++] = t_recv - t_sent;
     }
@@ -606,8 +616,23 @@ static void usage(const char *prog) {
           "  --timeout S             give up after S seconds (default 120)\n"
           "  --drain-backlog         messages sent by an earlier run (\"foreign\") count as\n"
           "                          deliveries (receivers drain a backlog while senders add)\n"
+          "  --latency-trace FILE    write \"send_ms latency_ms\" per first delivery\n"
           "  --verbose\n",
           prog, HDR_LEN);
+}
+
+/* --latency-trace FILE: "send_ms latency_ms" per first delivery, send time from the
+   run's start, for finding when stalls happen. */
+static void write_trace(void) {
+  if (!g.trace_path) return;
+  FILE *f = fopen(g.trace_path, "w");
+  if (!f) return;
+  for (int i = 0; i < g.nconns; ++i) {
+    conn_ctx_t *c = &g.conns[i];
+    for (size_t k = 0; k < c->trace_len && k < c->lat_len; ++k)
+      fprintf(f, "%.3f %.3f\n", (double)(c->trace_sent[k] - g.t_begin) / 1e6, (double)c->lat_ns[k] / 1e6);
+  }
+  fclose(f);
 }
 
 static void print_json(void) {
@@ -662,12 +687,17 @@ static void print_json(void) {
   printf(",\"seconds\":%.6f,\"msgs_per_s\":%.1f,\"sent_per_s\":%.1f", secs, rate,
          (double)sent / secs);
   if (nlat) {
-    printf(",\"p50_ms\":%.3f,\"p90_ms\":%.3f,\"p99_ms\":%.3f,\"max_ms\":%.3f",
+    size_t over5 = 0;
+    for (size_t i = 0; i < nlat; ++i) over5 += all[i] > 5000000;
+    printf(",\"p50_ms\":%.3f,\"p90_ms\":%.3f,\"p99_ms\":%.3f,\"p999_ms\":%.3f,\"max_ms\":%.3f"
+           ",\"over_5ms\":%zu",
            pct_ms(all, nlat, 0.50), pct_ms(all, nlat, 0.90), pct_ms(all, nlat, 0.99),
-           (double)all[nlat - 1] / 1e6);
+           pct_ms(all, nlat, 0.999), (double)all[nlat - 1] / 1e6, over5);
   } else {
-    printf(",\"p50_ms\":null,\"p90_ms\":null,\"p99_ms\":null,\"max_ms\":null");
+    printf(",\"p50_ms\":null,\"p90_ms\":null,\"p99_ms\":null,\"p999_ms\":null,\"max_ms\":null"
+           ",\"over_5ms\":null");
   }
+  write_trace();
   printf(",\"latency_samples\":%zu,\"loadgen_cpu_s\":%.3f,\"loadgen_wall_s\":%.3f,"
          "\"loadgen_cpu_pct\":%.1f",
          nlat, cpu, wall, wall > 0 ? 100.0 * cpu / wall : 0.0);
@@ -714,6 +744,7 @@ int main(int argc, char **argv) {
       {"threads", required_argument, 0, 'T'},   {"start-delay", required_argument, 0, 'D'},
       {"verbose", no_argument, 0, 'v'},         {"help", no_argument, 0, 'h'},
       {"drain-backlog", no_argument, 0, 'B'},
+      {"latency-trace", required_argument, 0, 'L'},
       {0, 0, 0, 0}};
   int o;
   while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -738,6 +769,7 @@ int main(int argc, char **argv) {
     case 'D': g.start_delay_ms = atoi(optarg); break;
     case 'v': g.verbose = true; break;
     case 'B': g.drain_backlog = true; break;
+    case 'L': g.trace_path = optarg; break;
     case 'h': usage(argv[0]); return 0;
     default: usage(argv[0]); return 2;
     }

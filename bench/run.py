@@ -485,6 +485,11 @@ def run_loadgen(broker: Broker, scenario: str, rep: int, args: argparse.Namespac
         result["loadgen_cpu_pct"] = 100.0 * result["loadgen_cpu_s"] / result["loadgen_wall_s"]
         # broker CPU was sampled around the whole loadgen process
         result["broker_cpu_pct"] = 100.0 * result["broker_cpu_s"] / wall
+    deliveries = result.get("unique") or 0
+    if deliveries:
+        # broker CPU per delivered message (fan-out: per delivery), the figure to
+        # compare between a moderate rate and full speed
+        result["broker_cpu_us_per_msg"] = result["broker_cpu_s"] / deliveries * 1e6
     if scenario == "competing" and result.get("per_receiver"):
         counts = result["per_receiver"]
         even = sum(counts) / len(counts)
@@ -526,6 +531,10 @@ def summarize(runs: list[dict]) -> dict:
             "msgs_per_s": med([r["msgs_per_s"] for r in ok]),
             "p50_ms": med([r.get("p50_ms") for r in ok]),
             "p99_ms": med([r.get("p99_ms") for r in ok]),
+            "p999_ms": med([r.get("p999_ms") for r in ok]),
+            "max_ms": med([r.get("max_ms") for r in ok]),
+            "over_5ms": med([r.get("over_5ms") for r in ok]),
+            "cpu_us": med([r.get("broker_cpu_us_per_msg") for r in ok]),
             "loadgen_cpu_pct": med([r.get("loadgen_cpu_pct") for r in ok]),
             "broker_cpu_pct": med([r.get("broker_cpu_pct") for r in ok]),
             "split_max_dev_pct": med([r.get("split_max_dev_pct") for r in ok]),
@@ -597,8 +606,12 @@ def build_rows(summ: dict, scenarios: list[str], brokers: list[str], failed: dic
                       ("split max dev %", "split_max_dev_pct",
                        lambda v: "—" if v is None else f"{v:.1f}", None)],
         "latency": [("p50 ms", "p50_ms", fmt_ms, True), ("p99 ms", "p99_ms", fmt_ms, True),
+                    ("p99.9 ms", "p999_ms", fmt_ms, True), ("max ms", "max_ms", fmt_ms, True),
+                    ("messages > 5 ms", "over_5ms", fmt_rate, None),
                     ("achieved msgs/s", "msgs_per_s", fmt_rate, False)],
     }
+    for rows_of in metrics.values():
+        rows_of.append(("broker CPU µs/msg", "cpu_us", lambda v: "—" if v is None else f"{v:.0f}", True))
     def cpu_cell(sc, b):
         s = summ.get((sc, b))
         if b in failed or not s or s.get("loadgen_cpu_pct") is None:
@@ -617,6 +630,27 @@ def build_rows(summ: dict, scenarios: list[str], brokers: list[str], failed: dic
         rows.append(["", "CPU % loadgen / broker", *[cpu_cell(sc, b) for b in brokers],
                      *["" for _ in ratio_to]])
     return header, rows
+
+
+def own_ratios(summ: dict, brokers: list[str]) -> list[str]:
+    """Each broker against its own p2p in the same run: fan-out deliveries/s and
+    competing msgs/s over p2p msgs/s, and broker CPU per message in the latency
+    scenario (a moderate rate) over CPU per message at full speed (p2p)."""
+    lines = []
+    for b in brokers:
+        p2p = summ.get(("p2p", b), {})
+        parts = []
+        for sc, label in (("fanout", "fan-out 1→4 / p2p"), ("competing", "competing 1→4 / p2p")):
+            v = summ.get((sc, b), {}).get("msgs_per_s")
+            if v and p2p.get("msgs_per_s"):
+                parts.append(f"{label} {v / p2p['msgs_per_s']:.2f}×")
+        lat_cpu = summ.get(("latency", b), {}).get("cpu_us")
+        if lat_cpu and p2p.get("cpu_us"):
+            parts.append(f"CPU/msg at the latency rate / at full speed {lat_cpu / p2p['cpu_us']:.2f}× "
+                         f"({lat_cpu:.0f} / {p2p['cpu_us']:.0f} µs)")
+        if parts:
+            lines.append(f"{LABELS[b]}: " + ", ".join(parts))
+    return lines
 
 
 def print_table(header, rows, args) -> None:
@@ -792,6 +826,8 @@ def main(argv=None) -> int:
     header, rows = build_rows(summ, args.scenario_list, args.broker_list, failed, died)
     print()
     print_table(header, rows, args)
+    for line in own_ratios(summ, args.broker_list):
+        print(line)
     for name, msg in failed.items():
         print(f"{name}: failed to start ({msg})")
     for name, msg in died.items():
