@@ -18,7 +18,7 @@ a scheduled one waits for its time.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from .broker import QueueLimit
 from .addresses import AddressKind, AddressNotFound, Resolution
@@ -59,11 +59,13 @@ class Move:
     """One move in progress.  `to`: the destination address (None: each message's
     dead-letter origin, a replay); `replay` also takes the dead-letter annotations out
     and gives the message a fresh delivery-count (below); `selector`: a compiled JMS
-    selector; `limit`: at most this many moved (0: all)."""
+    selector; `limit`: at most this many moved (0: all); `permit(address)`: whether
+    the requester may send there (a dead-letter origin is whatever the message says)."""
 
     def __init__(self, broker: Any, queue: Queue, *, to: str | None, replay: bool,
-                 selector: Any = None, limit: int = 0):
+                 selector: Any = None, limit: int = 0, permit: Callable[[str], bool] | None = None):
         self.broker = broker
+        self.permit = permit     # may the requester send there (management: `manage` on it)
         self.queue = queue
         self.to = to
         self.replay = replay
@@ -110,6 +112,9 @@ class Move:
         address = self.to if self.to is not None else self._origin_address(msg)
         if address is None:
             report.skip("no dead-letter origin")
+            return 0
+        if self.permit is not None and not self.permit(address):
+            report.skip(f"not allowed to manage {address}")
             return 0
         target = self._resolve(address, explicit=self.to is not None)
         if isinstance(target, str):
