@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from .addresses import AddressKind, AddressNotFound, Resolution, resolve
+from .deadletters import AnnotationError, dead_letter_annotations, return_address, rewrite_annotations
 from .exchanges import Binding, BindingFilter, Exchange, ExchangeType
 from .limits import OVERFLOW_REASON, Admission, LimitRule, QueueLimits, limits_for
 from .message import JMS_DEST, MalformedMessage, Message
@@ -349,7 +350,7 @@ class Broker:
                     "queue %s: dropped message seq=%d (%s; no dead-letter address)", queue_name, entry.seq, reason)
             return
         try:
-            copy = Message(entry.payload(), publisher=entry.msg.publisher)
+            copy = Message(self._origin_marked(queue_name, entry, reason), publisher=entry.msg.publisher)
             target = self.resolve(address)
             queues = self.publish(copy, target)
         except MalformedMessage as exc:   # stored before the edge checked it: nothing to route
@@ -367,6 +368,22 @@ class Broker:
                  queue_name, entry.seq, address, reason)
         if not queues:
             log.warning("queue %s: dead-letter address %s routed nowhere", queue_name, address)
+
+    def _origin_marked(self, queue_name: str, entry: Entry, reason: str) -> bytes:
+        """The entry's bytes with its origin and reason as message annotations
+        (core/deadletters.py), so that a replay knows where it goes back to.  A message
+        whose annotations cannot be walked goes as it is (it is still dead-lettered)."""
+        payload = entry.payload()
+        queue = self.queues.get(queue_name)
+        bindings = [(b.exchange, b.key) for b in self.bindings_of(queue)] if queue is not None else []
+        marks = dead_letter_annotations(queue_name, return_address(queue_name, bindings), reason,
+                                        int(self.clock() * 1000))
+        try:
+            return rewrite_annotations(payload, marks)
+        except AnnotationError as exc:
+            log.warning("queue %s: message seq=%d dead-lettered without origin annotations (%s)",
+                        queue_name, entry.seq, exc)
+            return payload
 
     def queues_owned_by(self, owner: Any) -> Iterable[Queue]:
         return [q for q in self.queues.values() if q.owner is owner]

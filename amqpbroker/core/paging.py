@@ -33,6 +33,7 @@ class PagedRegion:
     _ready: Any
     _delayed: list
     _pending_page: dict
+    _paged_gone: set
     page_in_batch: int
     paged_count: int
     paged_bytes: int
@@ -94,7 +95,11 @@ class PagedRegion:
                 self.paged_count = self.paged_bytes = 0
             return 0
         now = self.clock()
+        gone = self._paged_gone
         for entry in entries:
+            if entry.seq in gone:   # moved away, its removal not committed yet (core/waiting.py)
+                self.page_cursor = max(self.page_cursor, entry.seq)
+                continue
             held = pending.pop(entry.seq, None)
             if held is not None:
                 entry = held           # its body is counted in mem_bytes already
@@ -123,7 +128,8 @@ class PagedRegion:
             del pending[entry.seq]
         n = size = 0
         if store_only and self.hooks is not None:
-            n, size = self.hooks.drop_paged(self, self.page_cursor, below, {e.seq for e in gone})
+            n, size = self.hooks.drop_paged(self, self.page_cursor, below,
+                                            {e.seq for e in gone} | self._paged_gone)
         self.paged_count -= n + len(gone)
         self.paged_bytes -= size + sum(e.size for e in gone)
         self.bytes -= size

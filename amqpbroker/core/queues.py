@@ -20,6 +20,7 @@ from .limits import LimitedQueue, QueueLimits
 from .policies import ExclusivityPolicy, LifetimePolicy
 from .message import Message
 from .paging import PagedRegion
+from .waiting import WaitingEntries
 from .settlement import LateAction, Outcome, Place, late_outcome
 
 log = logging.getLogger("amqpbroker.queue")
@@ -42,10 +43,10 @@ SCAN_BUDGET = 4096
 SCAN_CHUNK = 256
 
 
-class Queue(PagedRegion, LimitedQueue):
+class Queue(PagedRegion, LimitedQueue, WaitingEntries):
     # Slots, not a __dict__: 50,000 idle queues must stay small (≤ 2 KB each).
     __slots__ = (
-        "_again", "_browsers", "_deferred", "_delayed", "_dispatching", "_groups", "_pending_page",
+        "_again", "_browsers", "_deferred", "_delayed", "_dispatching", "_groups", "_paged_gone", "_pending_page",
         "_ready", "_rr", "_scan", "_seq", "_slice", "_slice_bytes", "acked_total", "acquired", "bytes",
         "clock", "consumers", "created_at", "creator", "dead_letter", "dead_lettered_total", "defer",
         "deleted", "delivered_total", "durable", "enqueued_total", "exclusivity", "expired_total",
@@ -128,6 +129,7 @@ class Queue(PagedRegion, LimitedQueue):
         self.paged_bytes = 0
         self.page_cursor = 0
         self._pending_page: dict[int, Entry] = {}
+        self._paged_gone: set[int] = set()   # paged entries moved away, until that commit (core/waiting.py)
         # Durability hooks, set by the store layer on durable queues.
         self.store_id: int | None = None
         self.hooks: StoreHooks | None = None

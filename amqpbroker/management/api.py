@@ -33,6 +33,7 @@ from .auth import Principal
 from .expiry import parse_duration
 from .exposition import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .listing import DEFAULT_LIMIT, MAX_LIMIT, next_link
+from .message_api import add_message_routes
 from .request_policy import HostPolicy, check_request
 
 if TYPE_CHECKING:
@@ -324,6 +325,9 @@ def build_app(ops: "Operations") -> FastAPI:
 
     @app.exception_handler(AdminError)
     async def _admin_error(request: Request, exc: AdminError) -> JSONResponse:
+        if exc.status != 401:   # (failed authentications have their own lines: auth.py)
+            log.info("management API: %s %s refused (%d): %s", request.method, request.url.path,
+                     exc.status, exc.message)
         headers = {"WWW-Authenticate": 'Basic realm="amqpbroker"'} if exc.status == 401 else None
         return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
 
@@ -338,6 +342,8 @@ def build_app(ops: "Operations") -> FastAPI:
         for err in exc.errors():
             loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path"))
             parts.append(f"{loc}: {err.get('msg')}" if loc else str(err.get("msg")))
+        log.info("management API: %s %s refused (422): %s", request.method, request.url.path,
+                 "; ".join(parts) or "invalid request")
         return JSONResponse({"error": "; ".join(parts) or "invalid request"}, status_code=422)
 
     # ------------------------------------------------------------------ console
@@ -442,6 +448,8 @@ def build_app(ops: "Operations") -> FastAPI:
         n = admin.purge(name)
         await admin.synced()
         return {"queue": name, "purged": n}
+
+    add_message_routes(app, ops, auth)   # before GET /api/queues/{name}: its path would take theirs
 
     @app.get("/api/queues/{name:path}", response_model=QueueOut, tags=["queues"])
     async def get_queue(name: str, principal: Principal = auth) -> dict:

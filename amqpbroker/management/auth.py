@@ -54,9 +54,13 @@ class Principal:
 
     def require(self, name: str) -> None:
         """`manage` on this entity (only when ACLs are configured)."""
-        guard = self.ops.managed.access
-        if guard.enabled and not guard.policy.allows(self.user, self.groups, MANAGE, name):
+        if not self.may(name):
             raise AdminError(f"user '{self.user}' may not manage '{name}'", 403)
+
+    def may(self, name: str) -> bool:
+        """Whether `require(name)` passes."""
+        guard = self.ops.managed.access
+        return not guard.enabled or guard.policy.allows(self.user, self.groups, MANAGE, name)
 
 
 def basic_credentials(header: str) -> tuple[str | None, str]:

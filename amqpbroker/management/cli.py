@@ -8,6 +8,10 @@ refused (the API's error is printed), 2 usage error, 3 broker unreachable.
     amqpbroker admin subscriptions --abandoned --idle 7d
     amqpbroker admin delete-subscription orders-audit --namespace billing-app --force
     amqpbroker admin --url https://broker:8161 --user admin close-connection 12
+    amqpbroker admin dlq replay DLQ --filter "JMSType = 'order'" --limit 100
+    amqpbroker admin move orders --to orders.parked
+    amqpbroker admin messages DLQ --limit 20
+    amqpbroker admin backup /var/backups/amqpbroker/2024-05-01
 """
 
 from __future__ import annotations
@@ -122,6 +126,51 @@ def print_table(command: str, data: list[dict], out: Any = None, title: str | No
     console.print(table)
 
 
+def move_summary(verb: str, r: dict) -> str:
+    """One line for a move or replay report."""
+    where = ", ".join(f"{n} to {d}" for d, n in r["destinations"].items())
+    text = f"{verb}: {r['moved']} message(s) moved from '{r['queue']}'" + (f" ({where})" if where else "")
+    if r["skipped"]:
+        text += "; left in place: " + ", ".join(f"{n} {why}" for why, n in r["skip_reasons"].items())
+    if r["stopped"]:
+        text += f"; stopped: {r['stopped']}"
+    return text
+
+
+def message_rows(page: dict) -> Rows:
+    rows = []
+    for m in page["messages"]:
+        props = m["properties"] or {}
+        ann = m["message_annotations"] or {}
+        body = m["body"]
+        preview = str(body.get("preview") or "")[:60] + ("…" if body.get("truncated") else "")
+        dlq = ann.get("x-opt-amqpbroker-dlq-queue")
+        origin = f"{dlq} ({ann.get('x-opt-amqpbroker-dlq-reason')})" if dlq else ""
+        rows.append([str(m["sequence"]), m["state"], str(props.get("message_id") or ""),
+                     str(props.get("subject") or ""), str(m["delivery_count"]), _bytes(m["size"]),
+                     json.dumps(m["application_properties"] or {})[:60], origin, preview])
+    return rows
+
+
+def print_messages(page: dict, out: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    tty = getattr(out, "isatty", lambda: False)()
+    console = Console(file=out, soft_wrap=False, width=None if tty else 250)
+    shown = len(page["messages"])
+    table = Table(title=f"messages of {page['queue']} ({shown} from {page['offset'] + 1}; depth {page['depth']}, "
+                        f"{page['unacked']} held by consumers)" if shown else
+                  f"messages of {page['queue']} (none from {page['offset'] + 1}; depth {page['depth']})",
+                  title_justify="left")
+    for col in ("seq", "state", "message-id", "subject", "deliveries", "size", "application-properties",
+                "dead-lettered from", "body"):
+        table.add_column(col, overflow="fold")
+    for row in message_rows(page):
+        table.add_row(*row)
+    console.print(table)
+
+
 # ---------------------------------------------------------------------- command line
 
 def _parser() -> argparse.ArgumentParser:
@@ -176,7 +225,28 @@ def _parser() -> argparse.ArgumentParser:
                     help="detach attached consumers (amqp:resource-deleted) instead of refusing")
     sp = cmd("close-connection", "close a connection with amqp:connection:forced")
     sp.add_argument("id", type=int)
+    sp = cmd("dlq", "dead-letter queues: `dlq replay QUEUE` sends messages back to their origin")
+    sp.add_argument("action", choices=("replay",))
+    sp.add_argument("queue")
+    _move_options(sp, required_to=False)
+    sp = cmd("move", "move waiting messages of a queue to another address, each atomically")
+    sp.add_argument("queue")
+    _move_options(sp, required_to=True)
+    sp = cmd("messages", "browse a queue's waiting messages (nothing is delivered or changed)")
+    sp.add_argument("queue")
+    sp.add_argument("--offset", type=int, default=0, help="skip this many first")
+    sp.add_argument("--limit", type=int, default=20, help="at most this many (default 20, at most 1000)")
+    sp.add_argument("--selector", help="JMS selector: only the messages it accepts")
+    sp = cmd("backup", "hot backup: a consistent copy of the running broker's store into DEST (on its host)")
+    sp.add_argument("dest", help="a new or empty directory on the broker's host (absolute path)")
     return p
+
+
+def _move_options(sp: argparse.ArgumentParser, *, required_to: bool) -> None:
+    sp.add_argument("--to", required=required_to,
+                    help="destination address" + ("" if required_to else " (default: each message's origin)"))
+    sp.add_argument("--filter", "--selector", dest="selector", help="JMS selector: only the messages it accepts")
+    sp.add_argument("--limit", type=int, default=0, help="at most this many (default: all)")
 
 
 class ApiError(Exception):
@@ -205,12 +275,13 @@ class Client:
         self.http = httpx.Client(base_url=args.url.rstrip("/"), auth=auth, timeout=args.timeout, verify=verify)
         self.total: int | None = None       # X-Total-Count of the last listing
 
-    def call(self, method: str, path: str, **params: Any) -> Any:
+    def call(self, method: str, path: str, body: dict | None = None, **params: Any) -> Any:
         query = {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in params.items() if v is not None}
         # Changes say they are JSON: the API refuses other content types on them (a
         # browser cannot send that cross-origin without asking first).
         headers = {} if method in ("GET", "HEAD") else {"Content-Type": "application/json"}
-        resp = self.http.request(method, path, params=query, headers=headers)
+        content = None if body is None else json.dumps(body).encode()
+        resp = self.http.request(method, path, params=query, headers=headers, content=content)
         try:
             body = resp.json()
         except ValueError:
@@ -251,6 +322,21 @@ def run(args: argparse.Namespace, client: Client, out: Any) -> int:
                    f"{result['pending']} pending message(s) dropped"
                    + (f", {result['consumers_detached']} consumer(s) detached"
                       if result.get("consumers_detached") else ""))
+    elif c in ("dlq", "move"):
+        body = {k: v for k, v in (("to", args.to), ("selector", args.selector), ("limit", args.limit)) if v}
+        verb = "replay" if c == "dlq" else "move"
+        result = client.call("POST", f"/api/queues/{quote(args.queue, safe='')}/{verb}", body)
+        message = move_summary(verb, result)
+    elif c == "messages":
+        result = client.call("GET", f"/api/queues/{quote(args.queue, safe='')}/messages", offset=args.offset,
+                             limit=args.limit, selector=args.selector)
+        if not args.json:
+            print_messages(result, out)
+            return 0
+    elif c == "backup":
+        result = client.call("POST", "/api/backup", {"dest": args.dest})
+        message = (f"backed up the store to {result['dest']} in {result['seconds']:.1f} s "
+                   f"({_bytes(result['bytes'])}, {'whole' if result['whole'] else 'NOT WHOLE'})")
     elif c == "close-connection":
         result = client.call("DELETE", f"/api/connections/{args.id}")
         message = (f"closed connection {result['id']} (container {result['container_id']}, "
@@ -266,6 +352,11 @@ def main(argv: list[str] | None = None, out: Any = None) -> int:
     out = out or sys.stdout
     if args.command == "queues" and not (1 <= args.limit <= 10_000 and args.offset >= 0):
         print("amqpbroker admin: --limit must be 1 to 10000 and --offset 0 or more", file=sys.stderr)
+        return 2
+    if args.command in ("dlq", "move") and args.limit < 0 or args.command == "messages" and not (
+            1 <= args.limit <= 1000 and args.offset >= 0):
+        print("amqpbroker admin: --limit must be 0 or more (messages: 1 to 1000) and --offset 0 or more",
+              file=sys.stderr)
         return 2
     if args.command == "subscriptions":
         try:

@@ -25,6 +25,7 @@ from ..security.throttle import auth_throttle
 from .admin import Admin, AdminError
 from .auth import Authenticator
 from .expiry import DELETE, ExpiryAction, ExpiryRule, ExpiryTracker, evaluate
+from .messages import MessageOps
 from .metrics import Metrics
 from .port import ManagedBroker
 
@@ -45,6 +46,7 @@ class Operations:
         self.http_auth_failures = 0
         self._executor: ThreadPoolExecutor | None = None
         self.admin = Admin(managed, clock, self.off_loop)
+        self.messages = MessageOps(self.admin)
         self.authenticator = Authenticator(self)
         self.metrics = Metrics(self)
         self.expiry_rules = [ExpiryRule(p.pattern, p.idle, p.max_backlog, p.action, p.match)

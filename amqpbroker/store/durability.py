@@ -116,6 +116,14 @@ class DurabilityManager:
     def read_paged(self, queue: Queue, after: int, limit: int) -> list[Entry]:
         return self._read_paged(queue, after, limit)
 
+    def remove_paged(self, queue: Queue, entry: Entry) -> None:
+        """A store-only entry of the paged region moved elsewhere (core/waiting.py): its
+        removal goes in this loop turn's batch, with the copy's arrival."""
+        self._remove_stored(queue, entry.seq, entry.store_ref)
+
+    def forget_gone(self, queue: Queue, seq: int) -> None:
+        self.store.after_commit(functools.partial(queue.gone_committed, seq))
+
     def _record(self, queue: Queue) -> QueueRecord:
         declared = queue.declared_limits
         return QueueRecord(queue.name, queue.store_id, queue.exclusivity.value, queue.lifetime.value,

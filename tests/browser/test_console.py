@@ -213,3 +213,31 @@ def test_console_pages_filters_and_sorts_queues(broker, driver):
     box.send_keys("no-such-queue-anywhere")
     wait_for(lambda: driver.find_element(By.CSS_SELECTOR, "#queues tbody td.empty").text == "no queue matches",
              what="the empty result")
+
+
+def test_console_browses_a_queue_and_moves_its_messages(broker, driver):
+    from selenium.webdriver.common.by import By
+
+    mgmt = f"http://127.0.0.1:{broker.ports['management']}"
+    src, dst = uniq("console-src"), uniq("console-dst")
+    conn = connect(broker.url, container_id=uniq("c"))
+    conn.create_sender(dst)
+    snd = conn.create_sender(src)
+    for i in range(3):
+        snd.send(Message(body=f"hello-{i}", subject="greeting", properties={"i": i}))
+    driver.get(mgmt + "/console/")
+    tr = wait_for(lambda: row(driver, "queues", src), what="the queue row")
+    tr.find_element(By.CSS_SELECTOR, "button.browse").click()
+    wait_for(lambda: len(driver.find_elements(By.CSS_SELECTOR, "#messages tbody tr[data-seq]")) == 3,
+             what="the messages panel")
+    cells = driver.find_elements(By.CSS_SELECTOR, "#messages tbody tr[data-seq]")[0].find_elements(By.TAG_NAME, "td")
+    assert cells[3].text == "greeting" and cells[8].text == "hello-0" and '"i":0' in cells[6].text
+    assert httpx.get(f"{mgmt}/api/queues/{src}", timeout=10).json()["delivered_total"] == 0
+    driver.find_element(By.ID, "messages-move").click()
+    prompt = wait_for(lambda: _alert(driver), what="the move prompt")
+    prompt.send_keys(dst)
+    prompt.accept()
+    wait_for(lambda: httpx.get(f"{mgmt}/api/queues/{dst}", timeout=10).json()["depth"] == 3, what="the move")
+    wait_for(lambda: "no waiting messages" in driver.find_element(By.ID, "messages").text, what="the emptied panel")
+    assert httpx.get(f"{mgmt}/api/queues/{src}", timeout=10).json()["depth"] == 0
+    conn.close()

@@ -16,12 +16,13 @@ function el(tag, attrs, ...children) {
   return node;
 }
 
-async function request(method, path) {
+async function request(method, path, payload) {
   const headers = { Accept: "application/json" };
   // Changes say they are JSON: the broker refuses a browser's change without it (a
   // page elsewhere could send a form or text/plain without asking first).
   if (method !== "GET") headers["Content-Type"] = "application/json";
-  const resp = await fetch(path, { method, headers, credentials: "same-origin" });
+  const data = payload === undefined ? undefined : JSON.stringify(payload);
+  const resp = await fetch(path, { method, headers, body: data, credentials: "same-origin" });
   let body = null;
   try { body = await resp.json(); } catch (e) { /* not JSON */ }
   if (!resp.ok) {
@@ -32,8 +33,8 @@ async function request(method, path) {
   return { body, headers: resp.headers };
 }
 
-async function api(method, path) {
-  return (await request(method, path)).body;
+async function api(method, path, payload) {
+  return (await request(method, path, payload)).body;
 }
 
 async function queuePage() {
@@ -135,12 +136,13 @@ function queueRow(q) {
       await api("DELETE", `/api/queues/${encodeURIComponent(q.name)}`);
     }),
   }, "Delete");
+  const browse = el("button", { class: "browse", onclick: () => showMessages({ queue: q.name, offset: 0 }) }, "Messages");
   return el("tr", { "data-name": q.name },
     el("td", {}, q.name), el("td", { class: "n" }, q.depth), el("td", { class: "n" }, bytes(q.bytes)),
     el("td", { class: "n" }, q.consumers), el("td", { class: "n" }, q.enqueue_rate.toFixed(1)),
     el("td", { class: "n" }, q.ack_rate.toFixed(1)), el("td", { class: "n" }, q.enqueued_total),
     el("td", { class: "n" }, q.acked_total), el("td", { class: "limit" }, limitText(q)),
-    el("td", {}, purge, " ", q.subscription ? "" : del));
+    el("td", {}, browse, " ", purge, " ", q.subscription ? "" : del));
 }
 
 // A queue's limits and overflow policy, and what overflow did (docs/operations.md).
@@ -168,6 +170,70 @@ function connectionRow(c) {
     el("td", { class: "n" }, c.id), el("td", {}, c.container_id), el("td", {}, c.user || ""),
     el("td", {}, c.remote_address), el("td", { class: "n" }, c.sessions), el("td", { class: "n" }, c.links),
     el("td", {}, close));
+}
+
+// ---- the messages panel: one queue's waiting messages (GET /api/queues/{name}/messages),
+// replay and move (docs/operations.md "Browsing messages", "Dead-letter replay and move").
+const MESSAGE_PAGE = 20;
+const messageView = { queue: null, offset: 0, selector: "" };
+
+function messagesPath(suffix) {
+  return `/api/queues/${encodeURIComponent(messageView.queue)}/${suffix}`;
+}
+
+function messageRow(m) {
+  const p = m.properties || {};
+  const a = m.message_annotations || {};
+  const origin = a["x-opt-amqpbroker-dlq-queue"];
+  const body = m.body || {};
+  const preview = String(body.preview == null ? "" : body.preview).slice(0, 80) + (body.truncated ? "…" : "");
+  return el("tr", { "data-seq": String(m.sequence) },
+    el("td", { class: "n" }, m.sequence), el("td", {}, m.state), el("td", {}, p.message_id || ""),
+    el("td", {}, p.subject || ""), el("td", { class: "n" }, m.delivery_count), el("td", { class: "n" }, bytes(m.size)),
+    el("td", {}, JSON.stringify(m.application_properties || {})),
+    el("td", { class: "origin" }, origin ? `${origin} (${a["x-opt-amqpbroker-dlq-reason"]})` : ""),
+    el("td", { class: "body" }, preview));
+}
+
+async function loadMessages() {
+  if (!messageView.queue) return;
+  const q = new URLSearchParams({ offset: String(messageView.offset), limit: String(MESSAGE_PAGE) });
+  if (messageView.selector) q.set("selector", messageView.selector);
+  const page = await api("GET", `${messagesPath("messages")}?${q}`);
+  document.getElementById("messages-queue").textContent = page.queue;
+  document.getElementById("messages-count").textContent = `depth ${page.depth} · ${page.unacked} held by consumers`;
+  document.getElementById("messages-page").textContent = page.messages.length
+    ? `${page.offset + 1}–${page.offset + page.messages.length}` : "";
+  document.getElementById("messages-prev").disabled = page.offset === 0;
+  document.getElementById("messages-next").disabled = page.messages.length < MESSAGE_PAGE;
+  fill("messages", page.messages, messageRow, "no waiting messages");
+}
+
+function showMessages(change) {
+  Object.assign(messageView, change);
+  document.getElementById("messages-panel").hidden = !messageView.queue;
+  if (messageView.queue) action(loadMessages);
+}
+
+function moveSummary(r) {
+  const where = Object.entries(r.destinations).map(([d, n]) => `${n} to ${d}`).join(", ");
+  const skipped = Object.entries(r.skip_reasons).map(([why, n]) => `${n} ${why}`).join(", ");
+  return `${r.moved} moved${where ? ` (${where})` : ""}${skipped ? `; left: ${skipped}` : ""}${r.stopped ? `; stopped: ${r.stopped}` : ""}`;
+}
+
+async function moveMessages(verb) {
+  const payload = {};
+  if (messageView.selector) payload.selector = messageView.selector;
+  if (verb === "move") {
+    const to = prompt(`Move the waiting messages of '${messageView.queue}'${messageView.selector ? " matching the selector" : ""} to which address?`);
+    if (!to) return;
+    payload.to = to;
+  } else if (!confirm(`Send the dead-lettered messages of '${messageView.queue}'${messageView.selector ? " matching the selector" : ""} back to their origin?`)) {
+    return;
+  }
+  const r = await api("POST", messagesPath(verb), payload);
+  document.getElementById("status").textContent = `${verb}: ${moveSummary(r)}`;
+  await loadMessages();
 }
 
 let timer = null;
@@ -229,4 +295,10 @@ document.getElementById("queue-filter").addEventListener("input", (e) => showQue
 document.getElementById("queue-sort").addEventListener("change", (e) => showQueues({ sort: e.target.value, offset: 0 }));
 document.getElementById("queue-prev").addEventListener("click", () => showQueues({ offset: Math.max(0, queueView.offset - QUEUE_PAGE) }));
 document.getElementById("queue-next").addEventListener("click", () => showQueues({ offset: queueView.offset + QUEUE_PAGE }));
+document.getElementById("messages-selector").addEventListener("change", (e) => showMessages({ selector: e.target.value.trim(), offset: 0 }));
+document.getElementById("messages-prev").addEventListener("click", () => showMessages({ offset: Math.max(0, messageView.offset - MESSAGE_PAGE) }));
+document.getElementById("messages-next").addEventListener("click", () => showMessages({ offset: messageView.offset + MESSAGE_PAGE }));
+document.getElementById("messages-replay").addEventListener("click", () => action(() => moveMessages("replay")));
+document.getElementById("messages-move").addEventListener("click", () => action(() => moveMessages("move")));
+document.getElementById("messages-close").addEventListener("click", () => showMessages({ queue: null }));
 refresh();

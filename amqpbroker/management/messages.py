@@ -1,0 +1,162 @@
+"""Message-level operations on a running broker: browsing a queue's waiting
+messages, moving them (replay of a dead-letter queue, the general move), and the
+hot backup of the store.
+
+Browsing and moving run on the broker's loop a slice per loop turn (core/moves.py
+SLICE; browsing the same), yielding in between: a replay of a million messages
+delays AMQP traffic by a slice, never by the whole replay.  Each moved message's
+removal and arrival go into the same store batch (core/moves.py).  The backup runs
+`amqpbroker store backup` (store/tool.py) in a child process, waited for in the
+management worker thread (`off_loop`): LMDB's copy runs in one read transaction
+while the writer goes on, and the broker's own process opens no second handle on
+its environment (LMDB forbids two in one process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..core.browsing import message_view
+from ..core.message import Message, selector_accepts
+from ..core.moves import Move, MoveRefused, compile_filter
+from .admin import Admin, AdminError, Conflict, NotFound
+
+log = logging.getLogger("amqpbroker.admin")
+
+BROWSE_SLICE = 256           # entries examined per loop turn while browsing
+MAX_BROWSE = 1000            # messages per page at most
+BACKUP_TIMEOUT = 3600.0      # seconds the copy and its check may take
+
+
+class MessageOps:
+    def __init__(self, admin: Admin):
+        self.admin = admin
+        self.managed = admin.managed
+        self.broker = admin.broker
+
+    # ------------------------------------------------------------------ browsing
+
+    async def browse(self, name: str, *, offset: int = 0, limit: int = 50,
+                     selector: str | None = None) -> dict:
+        """A page of a queue's waiting messages (ready, scheduled, paged) in sequence
+        order; those a consumer holds are counted in `unacked`, not listed.  Changes
+        nothing: no delivery, no delivery-count, no body kept in memory."""
+        q = self.admin.queue(name)
+        sel = _selector(selector)
+        out: list[dict] = []
+        cursor = skipped = 0
+        while len(out) < limit and not q.deleted:
+            chunk = q.waiting_after(cursor, BROWSE_SLICE, scheduled=True)
+            if not chunk:
+                break
+            for entry, state in chunk:
+                cursor = entry.seq
+                msg = q.peek_body(entry)
+                if msg is None:
+                    continue
+                fresh = Message(msg.raw, arrival=msg.arrival)   # decoded here, not on the live message
+                if sel is not None and not selector_accepts(sel, fresh, entry.delivery_count):
+                    continue
+                if skipped < offset:
+                    skipped += 1
+                    continue
+                out.append(message_view(entry, fresh, state))
+                if len(out) >= limit:
+                    break
+            await asyncio.sleep(0)   # the next slice at the next loop turn
+        return {"queue": name, "offset": offset, "limit": limit, "selector": selector,
+                "depth": q.depth, "unacked": q.acquired, "messages": out}
+
+    # ------------------------------------------------------------------ moving
+
+    async def move(self, name: str, *, to: str | None, selector: str | None, limit: int,
+                   replay: bool, who: str, permit: Any = None) -> dict:
+        """Move (or replay) a queue's waiting messages; the report once every moved
+        message's batch has committed."""
+        q = self.admin.queue(name)
+        sel = _selector(selector)
+        if not replay and not to:
+            raise AdminError("'to' is required: the address to move the messages to")
+        try:
+            move = Move(self.broker, q, to=to or None, replay=replay, selector=sel, limit=limit, permit=permit)
+        except MoveRefused as exc:
+            raise (NotFound if "no queue or exchange" in str(exc) or "no destination" in str(exc)
+                   else AdminError)(str(exc)) from None
+        what = "replay" if replay else "move"
+        log.info("admin: %s of queue '%s' started by %s (to %s, selector %s, limit %s)", what, name, who,
+                 to or "each message's origin", selector or "none", limit or "none")
+        started = time.monotonic()
+        while True:
+            refusal = self._store_refuses()
+            if refusal is not None:
+                move.report.stopped = refusal
+                break
+            if move.step():
+                break
+            await asyncio.sleep(0)
+        await self.admin.synced()
+        view = move.report.view()
+        log.info("admin: %s of queue '%s' by %s: %d moved (%s), %d skipped%s in %.1f s", what, name, who,
+                 view["moved"], ", ".join(f"{k}: {v}" for k, v in view["destinations"].items()) or "-",
+                 view["skipped"], f", stopped: {view['stopped']}" if view["stopped"] else "",
+                 time.monotonic() - started)
+        return view
+
+    def _store_refuses(self) -> str | None:
+        """A store that refuses durable writes (full, degraded) would fail the batch
+        that carries a copy while keeping the removal (store/batch.py fail): stop."""
+        store = self.managed.store
+        if getattr(store, "full", False) or getattr(store, "degraded", None):
+            return "the store refuses writes now (full or degraded); nothing more moved"
+        return None
+
+    # ------------------------------------------------------------------ backup
+
+    async def backup(self, dest: str, who: str) -> dict:
+        """A consistent, compacted copy of the running broker's store in `dest` (a new
+        or empty directory on the broker's host), checked."""
+        store = self.managed.store
+        if not store.persistent:
+            raise Conflict("the broker runs without a store: nothing to back up")
+        path = Path(dest)
+        if not dest or not path.is_absolute():
+            raise AdminError(f"dest must be an absolute path on the broker's host, not '{dest}'")
+        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+            raise Conflict(f"{dest} exists and is not an empty directory")
+        source = getattr(store, "path", None) or self.managed.settings.data_dir / "store"
+        log.info("admin: backup of the store to %s started by %s", dest, who)
+        started = time.monotonic()
+        done = await self.admin.off_loop(_run_backup, str(source), dest)
+        took = time.monotonic() - started
+        if done.returncode != 0:
+            log.error("admin: backup to %s failed (exit %d): %s", dest, done.returncode, done.stderr.strip())
+            raise AdminError(f"backup failed: {done.stderr.strip() or done.stdout.strip()}", 500)
+        log.info("admin: backup of the store to %s by %s done in %.1f s", dest, who, took)
+        return {"dest": dest, "seconds": round(took, 3), "whole": "result: whole" in done.stdout,
+                "bytes": _size(path / "data.mdb"), "output": done.stdout.strip().splitlines()}
+
+
+def _selector(text: str | None) -> Any:
+    try:
+        return compile_filter(text)
+    except ValueError as exc:
+        raise AdminError(str(exc)) from None
+
+
+def _run_backup(source: str, dest: str) -> subprocess.CompletedProcess:
+    """`amqpbroker store backup` in a child (worker thread: it only waits)."""
+    return subprocess.run([sys.executable, "-m", "amqpbroker.cli", "store", "backup", dest, "--data-dir", source],
+                          capture_output=True, text=True, timeout=BACKUP_TIMEOUT)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0

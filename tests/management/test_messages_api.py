@@ -1,0 +1,149 @@
+"""The message endpoints in process (management/message_api.py, messages.py):
+browsing, move, replay of a dead-letter queue, bad input, `manage` with ACLs, and
+the backup's refusals (the backup itself runs against a real broker:
+tests/e2e/test_backup.py)."""
+
+from __future__ import annotations
+
+import logging
+
+from amqpbroker.core.broker import BrokerPolicy
+from amqpbroker.core.deadletters import DLQ_KEYS
+from amqpbroker.core.queues import Outcome
+from tests.core.helpers import RecordingConsumer, bodies
+from tests.management.support import error_of
+from tests.management.test_api_access import acl_harness
+
+
+def reject_all(h, queue: str, n: int) -> None:
+    q = h.broker.queues[queue]
+    c = RecordingConsumer(credit=n)
+    q.add_consumer(c)
+    for e in list(c.delivered):
+        q.settle(e, Outcome.REJECTED)
+    q.remove_consumer(c, [], failed=False)
+
+
+def with_dlq(h, n: int = 3) -> None:
+    h.broker.policy = BrokerPolicy(dead_letter_address="DLQ")
+    h.broker.declare_queue("DLQ")
+    h.broker.declare_queue("orders")
+    for i in range(n):
+        h.publish("orders", f"m{i}", properties={"i": i}, subject=f"s{i}")
+    reject_all(h, "orders", n)
+
+
+def test_browse_shows_sections_and_changes_nothing(h):
+    with_dlq(h, 3)
+    page = h.get("/api/queues/DLQ/messages?limit=2")
+    assert page["depth"] == 3 and len(page["messages"]) == 2
+    first = page["messages"][0]
+    assert first["state"] == "ready" and first["sequence"] == 1
+    assert first["application_properties"] == {"i": 0}
+    assert first["properties"]["subject"] == "s0"
+    assert first["message_annotations"]["x-opt-amqpbroker-dlq-queue"] == "orders"
+    assert first["message_annotations"]["x-opt-amqpbroker-dlq-reason"] == "rejected"
+    assert first["body"]["type"] == "string" and first["body"]["preview"] == "m0"
+    assert first["delivery_count"] == 0 and first["redelivered"] is False   # rejected is no failed attempt
+    nxt = h.get("/api/queues/DLQ/messages?offset=2")
+    assert [m["application_properties"]["i"] for m in nxt["messages"]] == [2]
+    sel = h.get("/api/queues/DLQ/messages", params={"selector": "i = 1"})
+    assert [m["properties"]["subject"] for m in sel["messages"]] == ["s1"]
+    q = h.broker.queues["DLQ"]
+    assert q.depth == 3 and q.delivered_total == 0 and q.acquired == 0
+
+
+def test_replay_all_back_to_origin(h, caplog):
+    with_dlq(h, 3)
+    with caplog.at_level(logging.INFO, logger="amqpbroker.admin"):
+        r = h.request("POST", "/api/queues/DLQ/replay", json={})
+    assert r.status_code == 200, r.text
+    assert r.json()["moved"] == 3 and r.json()["destinations"] == {"orders": 3}
+    assert "admin: replay of queue 'DLQ' by (loopback): 3 moved (orders: 3)" in caplog.text
+    entries = h.broker.queues["orders"].entries()
+    assert bodies(entries) == ["m0", "m1", "m2"] and h.broker.queues["DLQ"].depth == 0
+    page = h.get("/api/queues/orders/messages")
+    assert all(not set(m["message_annotations"] or {}) & {str(k) for k in DLQ_KEYS} for m in page["messages"])
+
+
+def test_replay_with_a_body_less_post_and_filters(h):
+    with_dlq(h, 4)
+    r = h.request("POST", "/api/queues/DLQ/replay", json={"selector": "i >= 1", "limit": 2})
+    assert r.json()["moved"] == 2
+    assert bodies(h.broker.queues["orders"].entries()) == ["m1", "m2"]
+    r = h.request("POST", "/api/queues/DLQ/replay")
+    assert r.status_code == 200 and r.json()["moved"] == 2
+
+
+def test_move_between_queues(h):
+    h.broker.declare_queue("a")
+    h.broker.declare_queue("b")
+    h.publish("a", "x", "y")
+    r = h.request("POST", "/api/queues/a/move", json={"to": "b", "limit": 1})
+    assert r.status_code == 200 and r.json()["moved"] == 1
+    assert bodies(h.broker.queues["b"].entries()) == ["x"] and bodies(h.broker.queues["a"].entries()) == ["y"]
+
+
+def test_bad_input_is_a_clear_4xx_with_a_log_line(h, caplog):
+    h.broker.declare_queue("a")
+    with caplog.at_level(logging.INFO, logger="amqpbroker.management"):
+        r = h.request("POST", "/api/queues/nope/replay", json={})
+        assert r.status_code == 404 and "no queue 'nope'" in error_of(r)
+        r = h.request("POST", "/api/queues/a/move", json={"to": "b", "selector": "x >>> 1"})
+        assert r.status_code == 400 and "bad selector" in error_of(r)
+        r = h.request("POST", "/api/queues/a/move", json={"to": "b", "limit": -1})
+        assert r.status_code == 422 and "limit" in error_of(r)
+        r = h.request("POST", "/api/queues/a/move", json={"to": "nowhere"})
+        assert r.status_code == 404 and "nowhere" in error_of(r)
+        r = h.request("POST", "/api/queues/a/move", json={"to": "a"})
+        assert r.status_code == 400 and "itself" in error_of(r)
+        r = h.request("POST", "/api/queues/a/move", json={})
+        assert r.status_code == 400 and "'to' is required" in error_of(r)
+        r = h.request("GET", "/api/queues/a/messages?limit=-5")
+        assert r.status_code == 422
+        r = h.request("GET", "/api/queues/a/messages", params={"selector": "("})
+        assert r.status_code == 400 and "bad selector" in error_of(r)
+    assert "POST /api/queues/nope/replay refused (404): no queue 'nope'" in caplog.text
+    assert "refused (422): limit" in caplog.text
+
+
+def test_backup_refusals(h, tmp_path):
+    r = h.request("POST", "/api/backup", json={"dest": str(tmp_path / "b")})
+    assert r.status_code == 409 and "without a store" in error_of(r)
+
+
+def test_manage_is_needed_on_source_and_destination():
+    h = acl_harness()
+    try:
+        mgr = ("mgr", "mgr-pw")            # manage on orders.# only
+        h.broker.declare_queue("orders.in")
+        h.broker.declare_queue("orders.parked")
+        h.broker.declare_queue("invoices")
+        h.publish("orders.in", "o1")
+        r = h.request("POST", "/api/queues/orders.in/move", json={"to": "invoices"}, auth=mgr)
+        assert r.status_code == 403 and "invoices" in error_of(r)
+        r = h.request("GET", "/api/queues/invoices/messages", auth=mgr)
+        assert r.status_code == 403
+        r = h.request("POST", "/api/backup", json={"dest": "/tmp/x"}, auth=mgr)
+        assert r.status_code == 403
+        r = h.request("POST", "/api/queues/orders.in/move", json={"to": "orders.parked"}, auth=mgr)
+        assert r.status_code == 200 and r.json()["moved"] == 1
+    finally:
+        h.close()
+
+
+def test_replay_skips_origins_the_user_may_not_manage():
+    h = acl_harness()
+    try:
+        h.broker.policy = BrokerPolicy(dead_letter_address="orders.dlq")
+        h.broker.declare_queue("orders.dlq")
+        for name in ("orders.in", "invoices"):
+            h.broker.declare_queue(name)
+            h.publish(name, f"from-{name}")
+            reject_all(h, name, 1)
+        r = h.request("POST", "/api/queues/orders.dlq/replay", json={}, auth=("mgr", "mgr-pw"))
+        assert r.status_code == 200
+        assert r.json()["moved"] == 1 and r.json()["skip_reasons"] == {"not allowed to manage invoices": 1}
+        assert bodies(h.broker.queues["orders.dlq"].entries()) == ["from-invoices"]
+    finally:
+        h.close()
