@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable
 
 from .entries import PRIORITY_LEVELS, ConsumerPort, Entry, ReadyList, StoreHooks
+from .browsers import SCAN_CHUNK, QueueBrowsers
 from .limits import LimitedQueue, QueueLimits
 from .policies import ExclusivityPolicy, LifetimePolicy
 from .message import Message
@@ -40,10 +41,9 @@ DISPATCH_SLICE_BYTES = 4 << 20
 # message group says no, a browser's selector skips them) before the rest waits for
 # the next loop turn; scans go through a level SCAN_CHUNK entries at a time.
 SCAN_BUDGET = 4096
-SCAN_CHUNK = 256
 
 
-class Queue(PagedRegion, LimitedQueue, WaitingEntries):
+class Queue(PagedRegion, LimitedQueue, WaitingEntries, QueueBrowsers):
     # Slots, not a __dict__: 50,000 idle queues must stay small (≤ 2 KB each).
     __slots__ = (
         "_again", "_browsers", "_deferred", "_delayed", "_dispatching", "_groups", "_paged_gone", "_pending_page",
@@ -345,41 +345,6 @@ class Queue(PagedRegion, LimitedQueue, WaitingEntries):
                 break
             else:
                 return
-
-    def _browse(self) -> None:
-        """Browsers (distribution-mode copy, AMQP 1.0 §3.5.3) see ready entries in
-        order, each once, without acquiring them."""
-        for consumer in self.consumers:
-            if not consumer.browser:
-                continue
-            credit = consumer.credit()
-            if credit > 0:
-                self._browse_for(consumer, credit)
-            if not self._slice:
-                return
-
-    def _browse_for(self, consumer: ConsumerPort, credit: int) -> None:
-        """Copy the entries after the browser's cursor, in sequence order, a chunk at a
-        time: bounded by its credit, the dispatch slice and the scan budget."""
-        while credit > 0 and self._slice:
-            chunk = self._ready.after(consumer.browse_cursor, SCAN_CHUNK)
-            if not chunk:
-                return
-            for entry in chunk:
-                if credit <= 0 or not self._slice:
-                    return
-                if self._scan == 0:
-                    self._slice = 0   # the scan budget is spent: the next loop turn goes on
-                    return
-                self._scan -= 1
-                consumer.browse_cursor = entry.seq
-                if entry.msg is None and not self._load(entry):
-                    continue
-                if consumer.filtered and not consumer.accepts(entry):
-                    continue
-                consumer.deliver_copy(entry)
-                credit -= 1
-                self._slice -= 1
 
     def _take_for(self, consumer: ConsumerPort) -> Entry | None:
         now = self.clock()
