@@ -285,6 +285,10 @@ class AmqpProtocol(asyncio.Protocol):
                 break
             self._process()
         self._process()
+        # Input that raised no event (an empty frame, a heartbeat) may still leave
+        # engine output (a session's window, AMQP 1.0 §2.5.6) or an ended transport.
+        if not self._dirty and lib.pn_transport_pending(t._impl) != 0:
+            self.mark_dirty()
 
     def _process(self) -> None:
         """Pop every collector event.  Deliveries and flow (the per-message events)
@@ -294,10 +298,10 @@ class AmqpProtocol(asyncio.Protocol):
         handler = self.handler
         peek, pop, etype = lib.pn_collector_peek, lib.pn_collector_pop, lib.pn_event_type
         null = ffi.NULL
-        while True:
-            ev = peek(coll)
-            if ev == null:
-                break
+        ev = peek(coll)
+        if ev == null:
+            return   # nothing happened: no flush for this connection
+        while ev != null:
             t = etype(ev)
             try:
                 if t == _DELIVERY:
@@ -310,6 +314,7 @@ class AmqpProtocol(asyncio.Protocol):
                 log.exception("connection %s: error handling event %d", self.peer, t)
                 handler.internal_error()
             pop(coll)
+            ev = peek(coll)
         self.mark_dirty()
 
     def stop_reading(self, last_words: bytes = b"") -> None:
@@ -354,16 +359,18 @@ class AmqpProtocol(asyncio.Protocol):
 
     def flush(self) -> None:
         """Move pending transport output to the socket and re-arm the timer."""
-        self._dirty = False
         t = self.transport
         if t is None or self.sock is None or self.hold.held:
+            self._dirty = False
             return  # held: _store_committed flushes
         # Raw proton calls (no Python wrapper objects): a flush runs for every
         # connection touched in a loop turn, which at moderate rates is once or twice
-        # per message, and the wrappers cost more than the work.
+        # per message, and the wrappers cost more than the work.  Events our own
+        # calls raised are handled while the connection still counts as dirty (it
+        # is being flushed now: no second flush for them).
         if lib.pn_collector_peek(self.collector._impl) != ffi.NULL:
             self._process()
-            self._dirty = False
+        self._dirty = False
         # pending hands out at most one output-buffer's worth (8 KiB at first) per
         # call: loop until the transport has nothing more, or its output has ended.
         impl = t._impl
@@ -422,6 +429,7 @@ class AmqpProtocol(asyncio.Protocol):
             return
         self.transport.tick(self.loop.time())
         self._process()
+        self.mark_dirty()   # a tick writes heartbeats without raising events
 
     def abort(self) -> None:
         """Drop the socket without a close handshake (shutdown after the grace period)."""
