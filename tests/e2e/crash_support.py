@@ -90,12 +90,14 @@ class _Clients(MessagingHandler):
             seq = self.next_seq
             self.next_seq += 1
             mid = f"{t.prefix}-{seq}"
-            msg = Message(id=mid, durable=True, body=self.body if self.body is not None else seq,
-                          properties={"seq": seq})
-            dlv = sender.send(msg)
+            dlv = sender.send(self._message(mid, seq))
             self.by_tag[dlv.tag] = mid
             t.sent[mid] = seq
             self.in_flight += 1
+
+    def _message(self, mid: str, seq: int) -> Message:
+        return Message(id=mid, durable=True, body=self.body if self.body is not None else seq,
+                       properties={"seq": seq})
 
     def _outcome(self, event, accepted: bool):
         mid = self.by_tag.pop(event.delivery.tag, None)

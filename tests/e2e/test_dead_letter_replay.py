@@ -12,7 +12,7 @@ import httpx
 import pytest
 from proton import Message, Timeout, symbol
 
-from tests.client import connect
+from tests.client import connect, receive_all
 from tests.e2e.crash_support import Traffic, _UntilSettled, drain
 from tests.e2e.helpers_delivery import barrier
 from tests.e2e.test_management import admin_cli, api, publish, uniq
@@ -30,21 +30,6 @@ def reject_all(url: str, address: str, n: int) -> None:
         for _ in range(n):
             rcv.receive(timeout=10)
             rcv.reject()
-    finally:
-        conn.close()
-
-
-def receive(url: str, address: str, timeout: float = 1.0) -> list[Message]:
-    conn = connect(url)
-    out = []
-    try:
-        rcv = conn.create_receiver(address, credit=100)
-        while True:
-            try:
-                out.append(rcv.receive(timeout=timeout))
-            except Timeout:
-                return out
-            rcv.accept()
     finally:
         conn.close()
 
@@ -70,12 +55,12 @@ def test_rejected_message_is_annotated_browsed_and_replayed_by_the_cli(broker_fa
     assert done.returncode == 0, done.stderr
     assert f"replay: 2 message(s) moved from 'DLQ' (2 to {q})" in done.stdout
     b.wait_for_log(rf"admin: replay of queue 'DLQ' by \(loopback\): 2 moved \({q}: 2\)")
-    back = receive(b.url, q)
+    back = receive_all(b.url, q)
     assert [m.body for m in back] == ["a", "b"]
     assert all(m.properties == {"kind": "order"} and m.subject == "new" for m in back)
     assert all(not any(str(k).startswith("x-opt-amqpbroker-dlq") for k in (m.annotations or {})) for m in back)
     assert all(m.delivery_count == 0 for m in back)
-    assert [m.body for m in receive(b.url, "DLQ")] == ["c"]
+    assert [m.body for m in receive_all(b.url, "DLQ")] == ["c"]
 
 
 def test_subscription_dead_letters_replay_to_the_topic(broker_factory):
@@ -106,7 +91,7 @@ def test_move_cli_and_bad_input(broker_factory):
     publish(b.url, dst, [], durable=True)
     out = admin_cli(b, "move", src, "--to", dst)
     assert out.returncode == 0 and "2 message(s) moved" in out.stdout, out.stderr
-    assert [m.body for m in receive(b.url, dst)] == ["x", "y"]
+    assert [m.body for m in receive_all(b.url, dst)] == ["x", "y"]
     bad = admin_cli(b, "move", src, "--to", dst, "--filter", "a >>> 1")
     assert bad.returncode == 1 and "bad selector" in bad.stderr
     missing = admin_cli(b, "dlq", "replay", uniq("none"))
@@ -124,20 +109,11 @@ class _AnnotatedSender(_UntilSettled):
 
     origin = "orders"
 
-    def _pump(self, sender):
-        t = self.t
-        while (sender.credit > 0 and self.in_flight < self.window
-               and self.next_seq < self.max_messages and not self.stopped):
-            seq = self.next_seq
-            self.next_seq += 1
-            mid = f"{t.prefix}-{seq}"
-            ann = {symbol("x-opt-amqpbroker-dlq-queue"): self.origin,
-                   symbol("x-opt-amqpbroker-dlq-address"): self.origin,
-                   symbol("x-opt-amqpbroker-dlq-reason"): "rejected"}
-            dlv = sender.send(Message(id=mid, durable=True, body=self.body, annotations=ann))
-            self.by_tag[dlv.tag] = mid
-            t.sent[mid] = seq
-            self.in_flight += 1
+    def _message(self, mid: str, seq: int) -> Message:
+        ann = {symbol("x-opt-amqpbroker-dlq-queue"): self.origin,
+               symbol("x-opt-amqpbroker-dlq-address"): self.origin,
+               symbol("x-opt-amqpbroker-dlq-reason"): "rejected"}
+        return Message(id=mid, durable=True, body=self.body, annotations=ann)
 
 
 def fill_dlq(b, origin: str, n: int) -> Traffic:

@@ -275,6 +275,16 @@ def test_a_slow_consumer_does_not_hold_a_durable_producer_back(broker_factory):
     assert len(receive_all(b.url, q, timeout=2.0)) == n + 1 - len(consumed)
 
 
+def outcomes_of_three(broker, queue: str) -> list:
+    """The outcomes of three messages sent to `queue`, one after the other."""
+    conn = connect(broker.url)
+    try:
+        snd = conn.create_sender(queue)
+        return [snd.send(Message(body=i), error_states=[]).remote_state for i in range(3)]
+    finally:
+        conn.close()
+
+
 def test_limits_declared_through_the_management_api(broker):
     with api(broker) as c:
         r = c.post("/api/queues", json={"name": "api-limited", "max_depth": 2, "overflow": "reject"})
@@ -282,13 +292,7 @@ def test_limits_declared_through_the_management_api(broker):
         assert r.json()["limits"] == {"max_depth": 2, "max_bytes": 0, "overflow": "reject"}
         listed = {q["name"]: q for q in c.get("/api/queues").json()}
         assert listed["api-limited"]["limits"]["overflow"] == "reject" and listed["dlq"]["limits"] is None
-    conn = connect(broker.url)
-    try:
-        snd = conn.create_sender("api-limited")
-        states = [snd.send(Message(body=i), error_states=[]).remote_state for i in range(3)]
-    finally:
-        conn.close()
-    assert states == [Delivery.ACCEPTED, Delivery.ACCEPTED, Delivery.REJECTED]
+    assert outcomes_of_three(broker, "api-limited") == [Delivery.ACCEPTED, Delivery.ACCEPTED, Delivery.REJECTED]
 
 
 def test_limits_declared_through_the_api_are_kept_across_a_restart(broker):
@@ -303,13 +307,7 @@ def test_limits_declared_through_the_api_are_kept_across_a_restart(broker):
         listed = {q["name"]: q for q in c.get("/api/queues").json()}
     assert listed["kept-limited"]["limits"] == {"max_depth": 2, "max_bytes": 4096, "overflow": "reject"}
     assert listed["rej"]["limits"]["max_depth"] == 3          # configured ones as before
-    conn = connect(broker.url)
-    try:
-        snd = conn.create_sender("kept-limited")
-        states = [snd.send(Message(body=i), error_states=[]).remote_state for i in range(3)]
-    finally:
-        conn.close()
-    assert states == [Delivery.ACCEPTED, Delivery.ACCEPTED, Delivery.REJECTED]
+    assert outcomes_of_three(broker, "kept-limited") == [Delivery.ACCEPTED, Delivery.ACCEPTED, Delivery.REJECTED]
 
 
 def test_a_transactional_send_to_a_full_reject_queue_is_refused_when_staged(broker):
