@@ -39,7 +39,8 @@ class TlsConfig(BaseModel):
 class UserConfig(BaseModel):
     # A hash from `amqpbroker hash-password` (scram-sha-256$…); plaintext is accepted
     # and hashed at start-up, but a production config should store hashes only.
-    password: str
+    # None: the user authenticates with a TLS client certificate only (SASL EXTERNAL).
+    password: str | None = None
     groups: list[str] = []
 
 

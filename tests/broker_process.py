@@ -34,11 +34,20 @@ class BrokerProcess:
 
     # ------------------------------------------------------------------ lifecycle
 
+    @property
+    def config_path(self) -> Path:
+        return self.data_dir.parent / f"{self.data_dir.name}-broker.toml"
+
+    def reload(self, config: str) -> None:
+        """Write a new config file and send SIGHUP (live reload)."""
+        self.config_path.write_text(config)
+        self.proc.send_signal(signal.SIGHUP)
+
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "amqpbroker.cli", "serve", "--port", "0",
                "--data-dir", str(self.data_dir), "--log-level", "debug"]
         if self.config_text is not None:
-            cfg = self.data_dir.parent / f"{self.data_dir.name}-broker.toml"
+            cfg = self.config_path
             cfg.write_text(self.config_text)
             cmd += ["--config", str(cfg)]
         return cmd + self.extra_args
