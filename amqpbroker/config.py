@@ -34,6 +34,13 @@ class TlsConfig(BaseModel):
     key_file: Path
     allow_anonymous: bool | None = None
     client_id_policy: ClientIdPolicy = ClientIdPolicy.RESTRICTED
+    # CA certificates (PEM) client certificates must be signed by.  Set: every client
+    # must present one (a TLS handshake without, or from another CA, fails), and SASL
+    # EXTERNAL is offered: the certificate names the user (security/certs.py).
+    client_ca_file: Path | None = None
+    cert_user: Literal["cn", "subject"] = "cn"    # the user: the subject's CN, or the RFC 4514 subject
+    # Subject (RFC 4514, "CN=app1,O=Example") or CN → user name; checked before cert_user.
+    cert_users: dict[str, str] = {}
 
 
 class UserConfig(BaseModel):

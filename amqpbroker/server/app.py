@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal
 import ssl
@@ -21,6 +22,7 @@ from ..core.limits import LimitRule, limits_for
 from ..core.registry import SubscriptionRegistry, subscription_filter
 from ..core.transactions import TransactionRegistry
 from ..security.guard import UNAUTHORIZED, AccessGuard
+from ..security.certs import cert_identity
 from ..security.throttle import auth_throttle
 from ..security.users import UserStore
 from ..store.base import Store
@@ -33,6 +35,7 @@ from .peer_fields import symbols
 from .resources import ResourceWatch
 from .refusal import AttachRefused
 from .reload import ConfigReloader
+from .tls import server_context, tls_protocol_factory
 from .sasl import SaslPolicy
 
 log = logging.getLogger("amqpbroker")
@@ -49,6 +52,13 @@ class Listener:
     client_id_policy: ClientIdPolicy
     ssl_context: ssl.SSLContext | None = None
     server: asyncio.AbstractServer | None = None
+    # The user a verified client certificate names (SASL EXTERNAL), from getpeercert().
+    cert_identity: Callable[[Any], str | None] | None = None
+
+    def external_identity(self, sock: Any) -> str | None:
+        if self.cert_identity is None:
+            return None
+        return self.cert_identity(sock.get_extra_info("peercert"))
 
 
 class BrokerServer:
@@ -128,11 +138,21 @@ class BrokerServer:
             if not any(x.key == bd.key and x.queue is queue for x in b.exchanges[bd.exchange].bindings):
                 b.bind(bd.exchange, bd.key, queue)
 
-    def _sasl_policy(self, host: str, allow_anon: bool | None, tls: bool = False) -> SaslPolicy:
+    def _protocol_factory(self, lst: Listener) -> Callable[[], asyncio.Protocol]:
+        """What an accepted socket talks to: AMQP, after a TLS handshake on TLS listeners."""
+        def amqp() -> asyncio.Protocol:
+            return AmqpProtocol(self, lst)
+        if lst.ssl_context is None:
+            return amqp
+        return tls_protocol_factory(self, lst, amqp)
+
+    def _sasl_policy(self, host: str, allow_anon: bool | None, tls: bool = False,
+                     external: bool = False) -> SaslPolicy:
         anonymous = anonymous_allowed(allow_anon, host)
         plain = plain_allowed(self.settings.allow_insecure_plain, host, tls)
-        mechs = tuple(m for m in ALL_MECHANISMS
-                      if (m != "ANONYMOUS" or anonymous) and (m != "PLAIN" or plain))
+        # EXTERNAL only where the TLS layer verified a client certificate (RFC 4422 App. A).
+        mechs = ("EXTERNAL",) * external + tuple(m for m in ALL_MECHANISMS
+                                                 if (m != "ANONYMOUS" or anonymous) and (m != "PLAIN" or plain))
         return SaslPolicy(mechanisms=mechs, allow_no_sasl=anonymous,
                           handshake_timeout=self.settings.limits.sasl_timeout)
 
@@ -147,18 +167,21 @@ class BrokerServer:
         self.listeners.append(Listener("amqp", s.host, s.port, self._sasl_policy(s.host, s.allow_anonymous),
                                        s.client_id_policy))
         if s.tls is not None:
-            ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            ctx.load_cert_chain(str(s.tls.cert_file), str(s.tls.key_file))
+            t = s.tls
+            ctx = server_context(str(t.cert_file), str(t.key_file),
+                                 str(t.client_ca_file) if t.client_ca_file else None)
             # Unset on [tls]: the top-level allow_anonymous applies (an explicit
             # `allow_anonymous = false` must not leave the TLS listener open).
-            tls_anon = s.tls.allow_anonymous if s.tls.allow_anonymous is not None else s.allow_anonymous
-            self.listeners.append(Listener("amqps", s.tls.host, s.tls.port,
-                                           self._sasl_policy(s.tls.host, tls_anon, tls=True),
-                                           s.tls.client_id_policy, ctx))
+            tls_anon = t.allow_anonymous if t.allow_anonymous is not None else s.allow_anonymous
+            lst = Listener("amqps", t.host, t.port,
+                           self._sasl_policy(t.host, tls_anon, tls=True, external=t.client_ca_file is not None),
+                           t.client_id_policy, ctx)
+            if t.client_ca_file is not None:   # EXTERNAL: the verified certificate names the user
+                lst.cert_identity = functools.partial(cert_identity, mode=t.cert_user, mapping=t.cert_users)
+            self.listeners.append(lst)
         for lst in self.listeners:
-            lst.server = await self.loop.create_server(
-                lambda lst=lst: AmqpProtocol(self, lst), lst.host, lst.port, ssl=lst.ssl_context,
-                reuse_address=True)
+            lst.server = await self.loop.create_server(self._protocol_factory(lst), lst.host, lst.port,
+                                                       reuse_address=True)
             sock = lst.server.sockets[0].getsockname()
             lst.port = sock[1]
             log.info("%s listening on %s:%d (SASL %s)", lst.name, lst.host, lst.port,
