@@ -43,6 +43,24 @@ class TlsConfig(BaseModel):
     cert_users: dict[str, str] = {}
 
 
+class WebSocketConfig(BaseModel):
+    """AMQP over WebSocket (subprotocol `amqp`, the AMQP WebSocket binding): a listener
+    for browsers and clients behind HTTP proxies.  With cert_file and key_file: wss."""
+    model_config = ConfigDict(extra="forbid")
+    host: str = "127.0.0.1"
+    port: int = Field(5673, ge=0, le=65535)
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    allow_anonymous: bool | None = None                 # unset: the top-level setting
+    client_id_policy: ClientIdPolicy = ClientIdPolicy.RESTRICTED
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> "WebSocketConfig":
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together")
+        return self
+
+
 class UserConfig(BaseModel):
     # A hash from `amqpbroker hash-password` (scram-sha-256$…); plaintext is accepted
     # and hashed at start-up, but a production config should store hashes only.
@@ -273,6 +291,7 @@ class Settings(BaseSettings):
     allow_insecure_plain: bool | None = None
     client_id_policy: ClientIdPolicy = ClientIdPolicy.RESTRICTED
     tls: TlsConfig | None = None
+    websocket: WebSocketConfig | None = None                 # AMQP over WebSocket listener
     data_dir: Path = Path("data")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     users: dict[str, UserConfig] = {}

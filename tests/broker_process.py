@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-LISTEN_RE = re.compile(r"(amqps?|management) listening on ([\d.]+):(\d+)")
+LISTEN_RE = re.compile(r"(amqps?|wss?|management) listening on ([\d.]+):(\d+)")
 
 
 class BrokerProcess:
@@ -73,6 +73,9 @@ class BrokerProcess:
                 self._cond.wait(left)
             if self.config_text and "[tls]" in self.config_text:
                 while "amqps" not in self.ports and time.monotonic() < deadline:
+                    self._cond.wait(0.1)
+            if self.config_text and "[websocket]" in self.config_text:
+                while not ({"ws", "wss"} & set(self.ports)) and time.monotonic() < deadline:
                     self._cond.wait(0.1)
         return self
 

@@ -36,6 +36,7 @@ from .resources import ResourceWatch
 from .refusal import AttachRefused
 from .reload import ConfigReloader
 from .tls import server_context, tls_protocol_factory
+from .websocket import WebSocketAmqp
 from .sasl import SaslPolicy
 
 log = logging.getLogger("amqpbroker")
@@ -54,6 +55,7 @@ class Listener:
     server: asyncio.AbstractServer | None = None
     # The user a verified client certificate names (SASL EXTERNAL), from getpeercert().
     cert_identity: Callable[[Any], str | None] | None = None
+    websocket: bool = False    # AMQP over WebSocket (server/websocket.py)
 
     def external_identity(self, sock: Any) -> str | None:
         if self.cert_identity is None:
@@ -138,10 +140,19 @@ class BrokerServer:
             if not any(x.key == bd.key and x.queue is queue for x in b.exchanges[bd.exchange].bindings):
                 b.bind(bd.exchange, bd.key, queue)
 
+    def _websocket_listener(self, w: Any) -> Listener:
+        """AMQP over WebSocket (server/websocket.py); wss with a certificate."""
+        tls = w.cert_file is not None
+        ctx = server_context(str(w.cert_file), str(w.key_file), None) if tls else None
+        anon = w.allow_anonymous if w.allow_anonymous is not None else self.settings.allow_anonymous
+        return Listener("wss" if tls else "ws", w.host, w.port, self._sasl_policy(w.host, anon, tls=tls),
+                        w.client_id_policy, ctx, websocket=True)
+
     def _protocol_factory(self, lst: Listener) -> Callable[[], asyncio.Protocol]:
-        """What an accepted socket talks to: AMQP, after a TLS handshake on TLS listeners."""
+        """What an accepted socket talks to: AMQP (over WebSocket on a WebSocket
+        listener), after a TLS handshake on TLS listeners."""
         def amqp() -> asyncio.Protocol:
-            return AmqpProtocol(self, lst)
+            return WebSocketAmqp(self, lst) if lst.websocket else AmqpProtocol(self, lst)
         if lst.ssl_context is None:
             return amqp
         return tls_protocol_factory(self, lst, amqp)
@@ -179,6 +190,8 @@ class BrokerServer:
             if t.client_ca_file is not None:   # EXTERNAL: the verified certificate names the user
                 lst.cert_identity = functools.partial(cert_identity, mode=t.cert_user, mapping=t.cert_users)
             self.listeners.append(lst)
+        if s.websocket is not None:
+            self.listeners.append(self._websocket_listener(s.websocket))
         for lst in self.listeners:
             lst.server = await self.loop.create_server(self._protocol_factory(lst), lst.host, lst.port,
                                                        reuse_address=True)
