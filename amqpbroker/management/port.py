@@ -28,7 +28,7 @@ class ListenerInfo(Protocol):
     """The AMQP listener a connection came in on."""
 
     @property
-    def name(self) -> str: ...            # "amqp" | "amqps"
+    def name(self) -> str: ...            # "amqp" | "amqps" | "ws" | "wss"
 
     @property
     def ssl_context(self) -> Any: ...     # None without TLS
