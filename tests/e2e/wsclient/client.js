@@ -36,8 +36,6 @@ conn.on('message', (ctx) => {
   if (result.received.length === count) conn.close();
 });
 conn.on('connection_close', () => finish(null));
-conn.on('dummy', () => {
-});
 conn.once('receiver_open', () => conn.open_sender(address));
 conn.on('sendable', (ctx) => {
   while (ctx.sender.sendable() && result.sent < count) {
