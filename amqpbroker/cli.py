@@ -48,16 +48,17 @@ def main(argv: list[str] | None = None) -> int:
         from .security.users import hash_password
         print(hash_password(args.password or getpass.getpass("password: ")))
         return 0
+    overrides = {"host": args.host, "port": args.port, "data_dir": args.data_dir, "log_level": args.log_level}
     try:
-        settings = load_settings(args.config, host=args.host, port=args.port, data_dir=args.data_dir,
-                                 log_level=args.log_level)
+        settings = load_settings(args.config, **overrides)
     except ConfigError as exc:
         print(f"amqpbroker: {exc}", file=sys.stderr)
         return 2
-    return serve(settings)
+    # A reload reads the same file with the same command-line flags.
+    return serve(settings, config_file=args.config, overrides=overrides)
 
 
-def serve(settings: Settings) -> int:
+def serve(settings: Settings, *, config_file: Path | None = None, overrides: dict | None = None) -> int:
     logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -67,7 +68,7 @@ def serve(settings: Settings) -> int:
         loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     try:
-        return loop.run_until_complete(_run(settings, loop))
+        return loop.run_until_complete(_run(settings, loop, config_file, overrides))
     finally:
         loop.close()
 
@@ -82,14 +83,15 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
-async def _run(settings: Settings, loop: asyncio.AbstractEventLoop) -> int:
+async def _run(settings: Settings, loop: asyncio.AbstractEventLoop, config_file: Path | None = None,
+               overrides: dict | None = None) -> int:
     import lmdb
 
     from .server.app import BrokerServer, install_signal_handlers
     from .store.base import StoreError
 
     try:
-        server = BrokerServer(settings, loop)
+        server = BrokerServer(settings, loop, config_file=config_file, overrides=overrides)
         await server.start()
     except (ValueError, OSError, StoreError) as exc:
         log.error("cannot start: %s", exc)
@@ -99,7 +101,7 @@ async def _run(settings: Settings, loop: asyncio.AbstractEventLoop) -> int:
         return 2
     tune_gc()
     stopped = asyncio.Event()
-    install_signal_handlers(loop, stopped.set)
+    install_signal_handlers(loop, stopped.set, server.reloader.on_signal)   # SIGHUP: live reload
     await stopped.wait()
     log.info("shutting down")
     await server.stop()

@@ -34,12 +34,38 @@ class TlsConfig(BaseModel):
     key_file: Path
     allow_anonymous: bool | None = None
     client_id_policy: ClientIdPolicy = ClientIdPolicy.RESTRICTED
+    # CA certificates (PEM) client certificates must be signed by.  Set: every client
+    # must present one (a TLS handshake without, or from another CA, fails), and SASL
+    # EXTERNAL is offered: the certificate names the user (security/certs.py).
+    client_ca_file: Path | None = None
+    cert_user: Literal["cn", "subject"] = "cn"    # the user: the subject's CN, or the RFC 4514 subject
+    # Subject (RFC 4514, "CN=app1,O=Example") or CN → user name; checked before cert_user.
+    cert_users: dict[str, str] = {}
+
+
+class WebSocketConfig(BaseModel):
+    """AMQP over WebSocket (subprotocol `amqp`, the AMQP WebSocket binding): a listener
+    for browsers and clients behind HTTP proxies.  With cert_file and key_file: wss."""
+    model_config = ConfigDict(extra="forbid")
+    host: str = "127.0.0.1"
+    port: int = Field(5673, ge=0, le=65535)
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    allow_anonymous: bool | None = None                 # unset: the top-level setting
+    client_id_policy: ClientIdPolicy = ClientIdPolicy.RESTRICTED
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> "WebSocketConfig":
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together")
+        return self
 
 
 class UserConfig(BaseModel):
     # A hash from `amqpbroker hash-password` (scram-sha-256$…); plaintext is accepted
     # and hashed at start-up, but a production config should store hashes only.
-    password: str
+    # None: the user authenticates with a TLS client certificate only (SASL EXTERNAL).
+    password: str | None = None
     groups: list[str] = []
 
 
@@ -265,6 +291,7 @@ class Settings(BaseSettings):
     allow_insecure_plain: bool | None = None
     client_id_policy: ClientIdPolicy = ClientIdPolicy.RESTRICTED
     tls: TlsConfig | None = None
+    websocket: WebSocketConfig | None = None                 # AMQP over WebSocket listener
     data_dir: Path = Path("data")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     users: dict[str, UserConfig] = {}

@@ -11,8 +11,10 @@ if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null; then SUDO="sudo"; fi
 
 extras=${AMQPBROKER_EXTRAS-test,spark}   # test: pytest & co; spark: pyspark + pyarrow for tests/spark
 pkgs=(libssl-dev libsasl2-dev libsasl2-modules pkg-config openssl gcc python3-dev python3-venv)
-# chromium + chromium-driver: the web console's browser tests (pytest -m browser).
-case ",$extras," in *,test,*) pkgs+=(chromium chromium-driver) ;; esac
+# chromium + chromium-driver: the web console's browser tests (pytest -m browser);
+# node + npm: rhea over WebSocket in the WebSocket listener's tests.
+case ",$extras," in *,test,*) pkgs+=(chromium chromium-driver)
+  command -v npm >/dev/null || pkgs+=(nodejs npm) ;; esac
 need_pkgs=()
 for pkg in "${pkgs[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_pkgs+=("$pkg")
@@ -30,5 +32,9 @@ if [ -n "$extras" ]; then
 else
   .venv/bin/python -m pip install -q -e .
 fi
+# rhea and ws (pinned in tests/e2e/wsclient/package-lock.json) for the WebSocket tests.
+case ",$extras," in *,test,*)
+  [ -d tests/e2e/wsclient/node_modules/ws ] || (cd tests/e2e/wsclient && npm ci --no-audit --no-fund --loglevel=error) ;;
+esac
 # proton silently builds without TLS when OpenSSL headers are missing: fail loudly.
 .venv/bin/python -c "import proton, sys; sys.exit(0 if proton.SSL.present() else 'python-qpid-proton was built without TLS')"

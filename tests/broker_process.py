@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-LISTEN_RE = re.compile(r"(amqps?|management) listening on ([\d.]+):(\d+)")
+LISTEN_RE = re.compile(r"(amqps?|wss?|management) listening on ([\d.]+):(\d+)")
 
 
 class BrokerProcess:
@@ -34,11 +34,20 @@ class BrokerProcess:
 
     # ------------------------------------------------------------------ lifecycle
 
+    @property
+    def config_path(self) -> Path:
+        return self.data_dir.parent / f"{self.data_dir.name}-broker.toml"
+
+    def reload(self, config: str) -> None:
+        """Write a new config file and send SIGHUP (live reload)."""
+        self.config_path.write_text(config)
+        self.proc.send_signal(signal.SIGHUP)
+
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "amqpbroker.cli", "serve", "--port", "0",
                "--data-dir", str(self.data_dir), "--log-level", "debug"]
         if self.config_text is not None:
-            cfg = self.data_dir.parent / f"{self.data_dir.name}-broker.toml"
+            cfg = self.config_path
             cfg.write_text(self.config_text)
             cmd += ["--config", str(cfg)]
         return cmd + self.extra_args
@@ -64,6 +73,9 @@ class BrokerProcess:
                 self._cond.wait(left)
             if self.config_text and "[tls]" in self.config_text:
                 while "amqps" not in self.ports and time.monotonic() < deadline:
+                    self._cond.wait(0.1)
+            if self.config_text and "[websocket]" in self.config_text:
+                while not ({"ws", "wss"} & set(self.ports)) and time.monotonic() < deadline:
                     self._cond.wait(0.1)
         return self
 

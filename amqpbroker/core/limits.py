@@ -139,6 +139,13 @@ class LimitedQueue:
         self._room = callback
         self._room_check()
 
+    def set_limits(self, limits: QueueLimits | None, declared: QueueLimits | None) -> None:
+        """New limits at run time (a live reload): producers held for room are woken
+        at once when the new limits leave some (or none apply any more)."""
+        self.limits = limits
+        self.declared_limits = declared
+        self._room_check()
+
     def _room_check(self) -> None:
         room = self._room
         if room is not None and (self.deleted or self.may_grant()):

@@ -88,6 +88,10 @@ class Authenticator:
         self._cache: dict[str, float] = {}          # sha256(user, password) → valid until
         self._gates: dict[str, tuple[asyncio.Lock, list[int]]] = {}   # address → lock, [waiting]
 
+    def forget(self) -> None:
+        """Drop the verified-credentials cache (a live reload changed the users)."""
+        self._cache.clear()
+
     async def __call__(self, request: Request) -> Principal:
         guard = self.ops.managed.access
         address = request.client.host if request.client else ""

@@ -12,6 +12,7 @@ refused (the API's error is printed), 2 usage error, 3 broker unreachable.
     amqpbroker admin move orders --to orders.parked
     amqpbroker admin messages DLQ --limit 20
     amqpbroker admin backup /var/backups/amqpbroker/2024-05-01
+    amqpbroker admin reload
 """
 
 from __future__ import annotations
@@ -239,6 +240,8 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--selector", help="JMS selector: only the messages it accepts")
     sp = cmd("backup", "hot backup: a consistent copy of the running broker's store into DEST (on its host)")
     sp.add_argument("dest", help="a new or empty directory on the broker's host (absolute path)")
+    cmd("reload", "live reload: the broker re-reads its configuration file (users, ACLs, expiry policies, "
+                  "queue limits)")
     return p
 
 
@@ -247,6 +250,26 @@ def _move_options(sp: argparse.ArgumentParser, *, required_to: bool) -> None:
                     help="destination address" + ("" if required_to else " (default: each message's origin)"))
     sp.add_argument("--filter", "--selector", dest="selector", help="JMS selector: only the messages it accepts")
     sp.add_argument("--limit", type=int, default=0, help="at most this many (default: all)")
+
+
+def reload_summary(r: dict) -> str:
+    """One line per thing a reload changed (pure)."""
+    lines = [f"configuration reloaded from {r['source']}" + ("" if r["changed"] else ": nothing reloadable changed")]
+    for key, what in (("users_added", "users added"), ("users_removed", "users removed"),
+                      ("users_changed", "users changed")):
+        if r.get(key):
+            lines.append(f"  {what}: {', '.join(r[key])}")
+    for key, what in (("acl_changed", "[[acl]] changed"), ("anonymous_changed", "[anonymous] changed"),
+                      ("expiry_policies_changed", "expiry policies changed")):
+        if r.get(key):
+            lines.append(f"  {what}")
+    if r.get("queue_limits_changed"):
+        lines.append(f"  limits changed on {len(r['queue_limits_changed'])} queue(s): "
+                     f"{', '.join(sorted(r['queue_limits_changed']))}")
+    lines.append(f"  {r['connections_closed']} connection(s) closed, {r['links_detached']} link(s) detached")
+    if r.get("restart_needed"):
+        lines.append(f"  needs a restart to apply: {', '.join(r['restart_needed'])}")
+    return "\n".join(lines)
 
 
 class ApiError(Exception):
@@ -337,6 +360,9 @@ def run(args: argparse.Namespace, client: Client, out: Any) -> int:
         result = client.call("POST", "/api/backup", {"dest": args.dest})
         message = (f"backed up the store to {result['dest']} in {result['seconds']:.1f} s "
                    f"({_bytes(result['bytes'])}, {'whole' if result['whole'] else 'NOT WHOLE'})")
+    elif c == "reload":
+        result = client.call("POST", "/api/reload")
+        message = reload_summary(result)
     elif c == "close-connection":
         result = client.call("DELETE", f"/api/connections/{args.id}")
         message = (f"closed connection {result['id']} (container {result['container_id']}, "

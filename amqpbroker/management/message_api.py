@@ -109,6 +109,13 @@ def add_message_routes(app: FastAPI, ops: "Operations", auth: Any) -> None:
         return await ops.messages.move(name, to=body.to, selector=body.selector, limit=body.limit,
                                        replay=True, who=principal.user or "(loopback)", permit=principal.may)
 
+    @app.post("/api/reload", tags=["broker"],
+              summary="Live reload: re-read the configuration file (users, ACLs, expiry policies, queue "
+                      "limits); links that lost their permission are detached")
+    async def reload_config(principal: Principal = auth) -> dict:
+        principal.require("#")
+        return await ops.reload(principal.user or "(loopback)")
+
     @app.post("/api/backup", response_model=BackupOut, tags=["broker"],
               summary="Hot backup: a consistent compacted copy of the running broker's store, checked")
     async def backup(body: BackupIn, principal: Principal = auth) -> dict:

@@ -28,7 +28,7 @@ class ListenerInfo(Protocol):
     """The AMQP listener a connection came in on."""
 
     @property
-    def name(self) -> str: ...            # "amqp" | "amqps"
+    def name(self) -> str: ...            # "amqp" | "amqps" | "ws" | "wss"
 
     @property
     def ssl_context(self) -> Any: ...     # None without TLS
@@ -143,6 +143,8 @@ class ManagedBroker(Protocol):
     def metrics_auth_failures(self) -> int: ...              # failed SASL authentications
 
     def forget_link(self, handler: Any, link: Any) -> None: ...   # a link the admin detached
+
+    def reload_config(self, who: str) -> dict: ...   # live reload; ValueError: bad file, nothing changed
 
 
 __all__ = ["ConnectionSocket", "ListenerInfo", "ManagedBroker", "ManagedConnection", "ManagedStore",

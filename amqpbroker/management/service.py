@@ -58,6 +58,7 @@ class Operations:
         self._http: Any = None
         self._http_task: asyncio.Task | None = None
         self._tasks: list[asyncio.Task] = []
+        self._expiry_task: asyncio.Task | None = None
 
     @property
     def auth_failures(self) -> int:
@@ -80,8 +81,7 @@ class Operations:
             await self._start_http()
         self._tasks.append(loop.create_task(self._every(RATE_INTERVAL, self.admin.sample_rates_paced)))
         if self.expiry_rules:
-            self._tasks.append(loop.create_task(self._every(self.settings.expiry_interval,
-                                                            self.run_expiry)))
+            self._start_expiry()
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -90,6 +90,7 @@ class Operations:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+        self._expiry_task = None
         if self._http is not None:
             self._http.should_exit = True
             try:
@@ -144,6 +145,33 @@ class Operations:
         if not self.managed.access.enabled and not is_loopback(m.host):
             log.warning("management API on %s without access control ([[acl]]): it answers "
                         "loopback clients only", m.host)
+
+    # ------------------------------------------------------------------ live reload
+
+    async def reload(self, who: str) -> dict:
+        """POST /api/reload: the broker re-reads its configuration (a bad file changes
+        nothing: 400 with the reason)."""
+        log.info("admin: configuration reload requested by %s", who)
+        try:
+            return self.managed.reload_config(who)
+        except ValueError as exc:
+            raise AdminError(f"configuration not reloaded, nothing changed: {exc}", 400) from None
+
+    def reloaded(self) -> None:
+        """The broker took a new configuration: expiry policies from it, and HTTP
+        credentials checked again (a removed user or a changed password must not
+        live on in the one-minute cache)."""
+        self.expiry_rules = [ExpiryRule(p.pattern, p.idle, p.max_backlog, p.action, p.match)
+                             for p in self.settings.expiry_policies]
+        self.expiry_tracker = ExpiryTracker()
+        self.authenticator.forget()
+        if self.expiry_rules and self._expiry_task is None and self._tasks:
+            self._start_expiry()
+
+    def _start_expiry(self) -> None:
+        self._expiry_task = self.managed.loop.create_task(self._every(self.settings.expiry_interval,
+                                                                      self.run_expiry))
+        self._tasks.append(self._expiry_task)
 
     # ------------------------------------------------------------------ expiry policy
 

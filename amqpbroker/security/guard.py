@@ -39,10 +39,9 @@ class AccessGuard:
     def __init__(self, settings: "Settings", broker: "Broker", subscriptions: "SubscriptionRegistry"):
         self.broker = broker
         self.subscriptions = subscriptions
-        self.policy = AclPolicy.from_config([r.model_dump() for r in settings.acl],
-                                            settings.anonymous.model_dump() if settings.anonymous else None)
+        self.policy = policy_from(settings)
         self.enabled = self.policy.enabled
-        self.groups = {name: frozenset(u.groups) for name, u in settings.users.items()}
+        self.groups = groups_from(settings)
         self.denied: dict[str, int] = {}      # action → count (metrics)
 
     def groups_of(self, user: str | None) -> frozenset[str]:
@@ -68,23 +67,45 @@ class AccessGuard:
     def consumer_refusal(self, user: str | None, source: SourceTerms, link_name: str,
                          container_id: str) -> str | None:
         """A consumer attach (the broker's sending link): None when allowed."""
-        if not self.enabled or source.dynamic:
+        if not self.enabled:
             return None
-        if source.is_null:
-            address = self._subscription_topic(link_name, container_id)
-            action = CONSUME
-        else:
-            address = source.address or ""
-            action = BROWSE if source.distribution_mode == "copy" and self._is_queue(source) else CONSUME
-        if address is None:
-            return None     # nothing to look up: the attach is answered amqp:not-found
-        return self.check(user, action, address)
+        need = self.consumer_requirement(source, link_name, container_id)
+        return None if need is None else self.check(user, *need)
 
     def producer_refusal(self, user: str | None, target: TargetTerms) -> str | None:
         """A producer attach (the broker's receiving link): None when allowed."""
-        if not self.enabled or target.coordinator or target.dynamic or not target.address:
-            return None     # anonymous relay: checked per message
-        return self.check(user, SEND, target.address)
+        if not self.enabled:
+            return None
+        need = self.producer_requirement(target)
+        return None if need is None else self.check(user, *need)
+
+    def consumer_requirement(self, source: SourceTerms, link_name: str,
+                             container_id: str) -> tuple[str, str] | None:
+        """(action, address) a consumer link needs, or None when no permission
+        applies (a dynamic node; a null source with no stored subscription, which
+        the attach answers amqp:not-found).  Also what a live reload checks again."""
+        if source.dynamic:
+            return None
+        if source.is_null:
+            address = self._subscription_topic(link_name, container_id)
+            return None if address is None else (CONSUME, address)
+        action = BROWSE if source.distribution_mode == "copy" and self._is_queue(source) else CONSUME
+        return (action, source.address or "")
+
+    @staticmethod
+    def producer_requirement(target: TargetTerms) -> tuple[str, str] | None:
+        """(action, address) a producer link needs; None for coordinators, dynamic
+        nodes and anonymous relays (those are checked per message)."""
+        if target.coordinator or target.dynamic or not target.address:
+            return None
+        return (SEND, target.address)
+
+    def reconfigure(self, policy: AclPolicy, groups: dict[str, frozenset[str]]) -> None:
+        """A live reload's new rules and users' groups (links already attached are
+        checked again by the server: security/reload.py decides which lose theirs)."""
+        self.policy = policy
+        self.enabled = policy.enabled
+        self.groups = groups
 
     def _is_queue(self, source: SourceTerms) -> bool:
         try:
@@ -118,6 +139,16 @@ class AccessGuard:
         if not to:
             return None
         return self.check(user, SEND, str(to))
+
+
+def policy_from(settings: "Settings") -> AclPolicy:
+    """The ACL policy a configuration describes (ValueError on a bad permission)."""
+    return AclPolicy.from_config([r.model_dump() for r in settings.acl],
+                                 settings.anonymous.model_dump() if settings.anonymous else None)
+
+
+def groups_from(settings: "Settings") -> dict[str, frozenset[str]]:
+    return {name: frozenset(u.groups) for name, u in settings.users.items()}
 
 
 def subscription_address(sub: Any) -> str:

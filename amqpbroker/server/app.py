@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal
 import ssl
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from proton import Condition, Link
@@ -20,6 +22,7 @@ from ..core.limits import LimitRule, limits_for
 from ..core.registry import SubscriptionRegistry, subscription_filter
 from ..core.transactions import TransactionRegistry
 from ..security.guard import UNAUTHORIZED, AccessGuard
+from ..security.certs import cert_identity
 from ..security.throttle import auth_throttle
 from ..security.users import UserStore
 from ..store.base import Store
@@ -31,6 +34,9 @@ from .flow import FlowGate
 from .peer_fields import symbols
 from .resources import ResourceWatch
 from .refusal import AttachRefused
+from .reload import ConfigReloader
+from .tls import server_context, tls_protocol_factory
+from .websocket import WebSocketAmqp
 from .sasl import SaslPolicy
 
 log = logging.getLogger("amqpbroker")
@@ -47,10 +53,19 @@ class Listener:
     client_id_policy: ClientIdPolicy
     ssl_context: ssl.SSLContext | None = None
     server: asyncio.AbstractServer | None = None
+    # The user a verified client certificate names (SASL EXTERNAL), from getpeercert().
+    cert_identity: Callable[[Any], str | None] | None = None
+    websocket: bool = False    # AMQP over WebSocket (server/websocket.py)
+
+    def external_identity(self, sock: Any) -> str | None:
+        if self.cert_identity is None:
+            return None
+        return self.cert_identity(sock.get_extra_info("peercert"))
 
 
 class BrokerServer:
-    def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop | None = None):
+    def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop | None = None, *,
+                 config_file: Path | None = None, overrides: dict[str, Any] | None = None):
         self.settings = settings
         self.loop = loop or asyncio.get_event_loop()
         p = settings.policy
@@ -71,7 +86,8 @@ class BrokerServer:
                              if st.enabled else Store())
         self.durability = DurabilityManager(self.broker, self.subscriptions, self.store,
                                             memory_budget=st.queue_memory_budget)
-        self.users = UserStore({name: u.password for name, u in settings.users.items()})
+        # Users without a password authenticate by TLS client certificate only (EXTERNAL).
+        self.users = UserStore({name: u.password for name, u in settings.users.items() if u.password is not None})
         self.listeners: list[Listener] = []
         self.protocols: set[AmqpProtocol] = set()
         self.handlers_by_container: dict[str, list[Any]] = {}
@@ -99,6 +115,8 @@ class BrokerServer:
         self.flow = FlowGate(self.loop, self.broker, self.alarms)   # who may give producers credit
         from ..management.service import Operations
         self.operations = Operations(self)                  # management API, metrics, expiry policy
+        # Live reload of users, ACLs, expiry policies, queue limits (SIGHUP, POST /api/reload).
+        self.reloader = ConfigReloader(self, config_file, overrides or {})
 
     # ------------------------------------------------------------------ set-up
 
@@ -122,11 +140,30 @@ class BrokerServer:
             if not any(x.key == bd.key and x.queue is queue for x in b.exchanges[bd.exchange].bindings):
                 b.bind(bd.exchange, bd.key, queue)
 
-    def _sasl_policy(self, host: str, allow_anon: bool | None, tls: bool = False) -> SaslPolicy:
+    def _websocket_listener(self, w: Any) -> Listener:
+        """AMQP over WebSocket (server/websocket.py); wss with a certificate."""
+        tls = w.cert_file is not None
+        ctx = server_context(str(w.cert_file), str(w.key_file), None) if tls else None
+        anon = w.allow_anonymous if w.allow_anonymous is not None else self.settings.allow_anonymous
+        return Listener("wss" if tls else "ws", w.host, w.port, self._sasl_policy(w.host, anon, tls=tls),
+                        w.client_id_policy, ctx, websocket=True)
+
+    def _protocol_factory(self, lst: Listener) -> Callable[[], asyncio.Protocol]:
+        """What an accepted socket talks to: AMQP (over WebSocket on a WebSocket
+        listener), after a TLS handshake on TLS listeners."""
+        def amqp() -> asyncio.Protocol:
+            return WebSocketAmqp(self, lst) if lst.websocket else AmqpProtocol(self, lst)
+        if lst.ssl_context is None:
+            return amqp
+        return tls_protocol_factory(self, lst, amqp)
+
+    def _sasl_policy(self, host: str, allow_anon: bool | None, tls: bool = False,
+                     external: bool = False) -> SaslPolicy:
         anonymous = anonymous_allowed(allow_anon, host)
         plain = plain_allowed(self.settings.allow_insecure_plain, host, tls)
-        mechs = tuple(m for m in ALL_MECHANISMS
-                      if (m != "ANONYMOUS" or anonymous) and (m != "PLAIN" or plain))
+        # EXTERNAL only where the TLS layer verified a client certificate (RFC 4422 App. A).
+        mechs = ("EXTERNAL",) * external + tuple(m for m in ALL_MECHANISMS
+                                                 if (m != "ANONYMOUS" or anonymous) and (m != "PLAIN" or plain))
         return SaslPolicy(mechanisms=mechs, allow_no_sasl=anonymous,
                           handshake_timeout=self.settings.limits.sasl_timeout)
 
@@ -141,18 +178,23 @@ class BrokerServer:
         self.listeners.append(Listener("amqp", s.host, s.port, self._sasl_policy(s.host, s.allow_anonymous),
                                        s.client_id_policy))
         if s.tls is not None:
-            ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            ctx.load_cert_chain(str(s.tls.cert_file), str(s.tls.key_file))
+            t = s.tls
+            ctx = server_context(str(t.cert_file), str(t.key_file),
+                                 str(t.client_ca_file) if t.client_ca_file else None)
             # Unset on [tls]: the top-level allow_anonymous applies (an explicit
             # `allow_anonymous = false` must not leave the TLS listener open).
-            tls_anon = s.tls.allow_anonymous if s.tls.allow_anonymous is not None else s.allow_anonymous
-            self.listeners.append(Listener("amqps", s.tls.host, s.tls.port,
-                                           self._sasl_policy(s.tls.host, tls_anon, tls=True),
-                                           s.tls.client_id_policy, ctx))
+            tls_anon = t.allow_anonymous if t.allow_anonymous is not None else s.allow_anonymous
+            lst = Listener("amqps", t.host, t.port,
+                           self._sasl_policy(t.host, tls_anon, tls=True, external=t.client_ca_file is not None),
+                           t.client_id_policy, ctx)
+            if t.client_ca_file is not None:   # EXTERNAL: the verified certificate names the user
+                lst.cert_identity = functools.partial(cert_identity, mode=t.cert_user, mapping=t.cert_users)
+            self.listeners.append(lst)
+        if s.websocket is not None:
+            self.listeners.append(self._websocket_listener(s.websocket))
         for lst in self.listeners:
-            lst.server = await self.loop.create_server(
-                lambda lst=lst: AmqpProtocol(self, lst), lst.host, lst.port, ssl=lst.ssl_context,
-                reuse_address=True)
+            lst.server = await self.loop.create_server(self._protocol_factory(lst), lst.host, lst.port,
+                                                       reuse_address=True)
             sock = lst.server.sockets[0].getsockname()
             lst.port = sock[1]
             log.info("%s listening on %s:%d (SASL %s)", lst.name, lst.host, lst.port,
@@ -239,6 +281,10 @@ class BrokerServer:
         if current is not None and current[0] is handler and current[1] == link:
             del self.live_links[key]
 
+    def reload_config(self, who: str) -> dict:
+        """Live reload (server/reload.py); ValueError (nothing changed) for a bad file."""
+        return self.reloader.reload(who)
+
     # ------------------------------------------------------------------ output
 
     def flush_soon(self) -> None:
@@ -303,6 +349,9 @@ class BrokerServer:
         log.info("broker stopped")
 
 
-def install_signal_handlers(loop: asyncio.AbstractEventLoop, stop: Callable[[], None]) -> None:
+def install_signal_handlers(loop: asyncio.AbstractEventLoop, stop: Callable[[], None],
+                            reload: Callable[[], None] | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop)
+    if reload is not None:
+        loop.add_signal_handler(signal.SIGHUP, reload)

@@ -112,7 +112,8 @@ class AmqpProtocol(asyncio.Protocol):
             sock.abort()
             return
         self._handshaking = True
-        self.handshake = Handshake(self.listener.sasl_policy, self.server.users, clock=self.loop.time)
+        self.handshake = Handshake(self.listener.sasl_policy, self.server.users, clock=self.loop.time,
+                                   external=self.listener.external_identity(sock))
         self.server.protocols.add(self)
         # One deadline from accept to the AMQP open: SASL, the protocol header and the
         # open itself.  Bytes trickling in do not move it.

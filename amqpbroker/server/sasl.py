@@ -8,7 +8,8 @@ received from the socket (:meth:`Handshake.feed`), writes out whatever
 protocol header) into a proton ``Transport(Transport.SERVER)`` created without
 proton's own SASL layer.  No sockets, no asyncio, no clocks unless asked.
 
-Mechanisms: SCRAM-SHA-256 (RFC 5802/7677), PLAIN (RFC 4616) and ANONYMOUS
+Mechanisms: EXTERNAL (RFC 4422 Appendix A: the identity of a verified TLS client
+certificate), SCRAM-SHA-256 (RFC 5802/7677), PLAIN (RFC 4616) and ANONYMOUS
 (RFC 4505).  AMQP references are to the AMQP 1.0 core specification.
 """
 
@@ -45,7 +46,7 @@ from amqpbroker.server.sasl_frames import (
 __all__ = ["HandshakeState", "SaslPolicy", "Handshake", "SUPPORTED_MECHANISMS"]
 
 # Offered in this order: AMQP 1.0 §5.3.3.1 "ordered in decreasing level of preference".
-SUPPORTED_MECHANISMS = ("SCRAM-SHA-256", "PLAIN", "ANONYMOUS")
+SUPPORTED_MECHANISMS = ("EXTERNAL", "SCRAM-SHA-256", "PLAIN", "ANONYMOUS")
 
 
 class HandshakeState(enum.Enum):
@@ -123,6 +124,29 @@ class _Anonymous(_Mechanism):
     def start(self, initial: bytes):
         # RFC 4505 §2: the optional message is trace information only.
         return _Success(self.anonymous_user)
+
+
+class _External(_Mechanism):
+    """RFC 4422 Appendix A: the client's message is an authorization identity, empty
+    to act as the identity the TLS layer established (ours: security/certs.py).
+    Acting as another identity is not supported: a different one fails."""
+    name = "EXTERNAL"
+    needs_initial_response = True
+
+    def __init__(self, identity: str | None) -> None:
+        self.identity = identity
+
+    def start(self, initial: bytes):
+        if self.identity is None:
+            return _Failure("EXTERNAL: no verified client certificate names a user")
+        try:
+            authzid = initial.decode("utf-8")
+        except UnicodeDecodeError:
+            return _Failure("malformed EXTERNAL response: not valid UTF-8")
+        if authzid and authzid != self.identity:
+            return _auth_failed(self.identity, self.name,
+                                f"authorization identity {authzid!r} differs from the certificate's")
+        return _Success(self.identity)
 
 
 class _Plain(_Mechanism):
@@ -289,9 +313,10 @@ class Handshake:
     """Protocol-header negotiation and SASL server for one connection."""
 
     def __init__(self, policy: SaslPolicy, users: UserStore, *,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, external: str | None = None) -> None:
         self.policy = policy
         self.users = users
+        self.external = external   # the verified client certificate's user (EXTERNAL), if any
         self._clock = clock or time.monotonic
         self.started_at = self._clock()
         self.state = HandshakeState.AWAITING_HEADER
@@ -483,6 +508,8 @@ class Handshake:
         self.mechanism = mech
         if mech == "ANONYMOUS":
             self._mech = _Anonymous(self.policy.anonymous_user)
+        elif mech == "EXTERNAL":
+            self._mech = _External(self.external)
         elif mech == "PLAIN":
             self._mech = _Plain(self.users)
         else:

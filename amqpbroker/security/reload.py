@@ -1,0 +1,201 @@
+"""Live reload: what a new configuration changes.  Pure: no sockets, no broker.
+
+A reload (SIGHUP, `POST /api/reload`, `amqpbroker admin reload`) re-reads the
+configuration file; the server (server/reload.py) validates it, asks `plan` what
+it changes and applies that.  Reloaded: `[users.*]`, `[[acl]]`, `[anonymous]`,
+`[[expiry_policies]]`, `[[queue_limits]]` and the limits of `[[queues]]`.  Every
+other setting is reported as needing a restart and left as it is.
+
+What happens to what is already connected:
+
+* a connection whose user was removed is closed with `amqp:unauthorized-access`
+  (AMQP 1.0 §2.4.3, §2.8.15): its authentication no longer names a user;
+* a link whose attach needed a permission the new rules no longer grant
+  (consume / browse on its source, send on its target: security/guard.py) is
+  detached with `amqp:unauthorized-access` (§2.6.6), producers and consumers alike;
+* a changed password does not end anyone's connection (it authenticated with the
+  old one, as a database session outlives a password change): new connections
+  need the new one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+from ..core.limits import LimitRule, QueueLimits, limits_for
+from .acl import AclPolicy
+
+if TYPE_CHECKING:
+    from ..config import Settings
+
+UNAUTHORIZED = "amqp:unauthorized-access"
+
+# The settings a reload applies (Settings field names); the rest need a restart.
+RELOADABLE = frozenset({"users", "acl", "anonymous", "expiry_policies", "queue_limits", "queues"})
+
+
+class ReloadError(ValueError):
+    """The new configuration is not taken; nothing was changed.  One line a person can act on."""
+
+
+@dataclass(frozen=True)
+class LiveConnection:
+    ref: Any                   # the server's handle, opaque here
+    user: str | None
+    description: str = ""      # for the log: peer address, container-id
+
+
+@dataclass(frozen=True)
+class LiveLink:
+    ref: Any                   # the server's handle, opaque here
+    connection: Any            # the LiveConnection.ref it belongs to
+    user: str | None
+    name: str
+    action: str                # the permission its attach needed (send, consume, browse)
+    address: str
+
+
+@dataclass
+class ReloadPlan:
+    users_added: list[str] = field(default_factory=list)
+    users_removed: list[str] = field(default_factory=list)
+    users_changed: list[str] = field(default_factory=list)     # password or groups
+    acl_changed: bool = False
+    anonymous_changed: bool = False
+    expiry_changed: bool = False
+    # queue name → (declared limits, effective limits) for queues whose limits change
+    queue_limits: dict[str, tuple[QueueLimits | None, QueueLimits | None]] = field(default_factory=dict)
+    restart_needed: list[str] = field(default_factory=list)
+    close: list[tuple[LiveConnection, str]] = field(default_factory=list)
+    detach: list[tuple[LiveLink, str]] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.users_added or self.users_removed or self.users_changed or self.acl_changed
+                    or self.anonymous_changed or self.expiry_changed or self.queue_limits)
+
+    def summary(self) -> dict:
+        """The answer to the API / CLI (plain JSON values)."""
+        return {
+            "changed": self.changed,
+            "users_added": self.users_added, "users_removed": self.users_removed,
+            "users_changed": self.users_changed,
+            "acl_changed": self.acl_changed, "anonymous_changed": self.anonymous_changed,
+            "expiry_policies_changed": self.expiry_changed,
+            "queue_limits_changed": {name: None if eff is None else eff.describe()
+                                     for name, (_, eff) in sorted(self.queue_limits.items())},
+            "connections_closed": len(self.close), "links_detached": len(self.detach),
+            "restart_needed": self.restart_needed,
+        }
+
+    def describe(self) -> str:
+        """One log line's worth."""
+        parts = []
+        for what, names in (("users added", self.users_added), ("users removed", self.users_removed),
+                            ("users changed", self.users_changed)):
+            if names:
+                parts.append(f"{what}: {', '.join(names)}")
+        if self.acl_changed:
+            parts.append("[[acl]] changed")
+        if self.anonymous_changed:
+            parts.append("[anonymous] changed")
+        if self.expiry_changed:
+            parts.append("expiry policies changed")
+        if self.queue_limits:
+            parts.append(f"limits of {len(self.queue_limits)} queue(s) changed")
+        if not parts:
+            parts.append("nothing reloadable changed")
+        parts.append(f"{len(self.close)} connection(s) closed, {len(self.detach)} link(s) detached")
+        if self.restart_needed:
+            parts.append(f"needs a restart to apply: {', '.join(self.restart_needed)}")
+        return "; ".join(parts)
+
+
+def plan(old: "Settings", new: "Settings", policy: AclPolicy, connections: Iterable[LiveConnection],
+         links: Iterable[LiveLink], queues: Mapping[str, tuple[QueueLimits | None, QueueLimits | None]]
+         ) -> ReloadPlan:
+    """What taking `new` (whose ACL policy is `policy`) instead of `old` changes.
+    `queues`: every queue's (effective limits, declared limits) now."""
+    p = ReloadPlan()
+    p.users_added, p.users_removed, p.users_changed = diff_users(old, new)
+    p.acl_changed = _dump(old.acl) != _dump(new.acl)
+    p.anonymous_changed = _dump(old.anonymous) != _dump(new.anonymous)
+    p.expiry_changed = _dump(old.expiry_policies) != _dump(new.expiry_policies)
+    p.queue_limits = queue_limit_changes(old, new, queues)
+    p.restart_needed = restart_needed(old, new)
+    removed = set(p.users_removed)
+    p.close = [(c, f"user '{c.user}' was removed from the configuration")
+               for c in connections if c.user in removed]
+    closing = {c.ref for c, _ in p.close}
+    groups = {name: frozenset(u.groups) for name, u in new.users.items()}
+    p.detach = links_losing_permission(policy, groups, (ln for ln in links if ln.connection not in closing))
+    return p
+
+
+def diff_users(old: "Settings", new: "Settings") -> tuple[list[str], list[str], list[str]]:
+    """(added, removed, changed): changed is a new password (hash or text) or groups."""
+    added = sorted(set(new.users) - set(old.users))
+    removed = sorted(set(old.users) - set(new.users))
+    changed = sorted(name for name in set(old.users) & set(new.users)
+                     if _dump(old.users[name]) != _dump(new.users[name]))
+    return added, removed, changed
+
+
+def links_losing_permission(policy: AclPolicy, groups: Mapping[str, frozenset[str]],
+                            links: Iterable[LiveLink]) -> list[tuple[LiveLink, str]]:
+    """The live links the new policy no longer allows what their attach needed."""
+    out = []
+    for link in links:
+        decision = policy.decide(link.user, groups.get(link.user or "", frozenset()), link.action, link.address)
+        if not decision.allowed:
+            who = "anonymous" if AclPolicy.is_anonymous(link.user) else f"user '{link.user}'"
+            out.append((link, f"{who} is no longer allowed to {link.action} on '{link.address}' "
+                              f"(configuration reloaded)"))
+    return out
+
+
+def queue_limit_changes(old: "Settings", new: "Settings",
+                        queues: Mapping[str, tuple[QueueLimits | None, QueueLimits | None]]
+                        ) -> dict[str, tuple[QueueLimits | None, QueueLimits | None]]:
+    """Queues whose limits the new `[[queue_limits]]` / `[[queues]]` change:
+    name → (declared, effective).  A `[[queues]]` entry's limits win over patterns
+    (as at start); an entry whose limits were removed leaves its queue to the
+    patterns; limits declared through the API stay."""
+    rules = tuple(LimitRule(r.pattern, r.queue_limits()) for r in new.queue_limits)
+    new_decl = {q.name: q.queue_limits() for q in new.queues}
+    old_decl = {q.name: q.queue_limits() for q in old.queues}
+    out = {}
+    for name, (current, declared) in queues.items():
+        if new_decl.get(name) is not None:
+            declared = new_decl[name]
+        elif old_decl.get(name) is not None:
+            declared = None          # the file no longer declares them
+        effective = limits_for(name, rules, declared)
+        if effective != current:
+            out[name] = (declared, effective)
+    return out
+
+
+def restart_needed(old: "Settings", new: "Settings") -> list[str]:
+    """Top-level settings that differ but are not reloaded; `[[queues]]` entries
+    other than their limits (a new queue, durability) count too."""
+    out = sorted(k for k in type(old).model_fields
+                 if k not in RELOADABLE and _dump(getattr(old, k)) != _dump(getattr(new, k)))
+    limit_fields = {"max_depth", "max_bytes", "overflow"}
+    if [q.model_dump(exclude=limit_fields) for q in old.queues] != \
+            [q.model_dump(exclude=limit_fields) for q in new.queues]:
+        out.append("queues (other than limits)")
+    return out
+
+
+def _dump(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_dump(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _dump(v) for k, v in value.items()}
+    return value.model_dump(mode="json") if hasattr(value, "model_dump") else value
+
+
+__all__ = ["LiveConnection", "LiveLink", "RELOADABLE", "ReloadError", "ReloadPlan", "diff_users",
+           "links_losing_permission", "plan", "queue_limit_changes", "restart_needed"]

@@ -1,0 +1,144 @@
+"""Live reload, the I/O side: read and validate the file, ask security/reload.py
+what changes, apply it to the running broker without dropping connections.
+
+A bad file changes nothing: every part is built (settings, the user store, the
+ACL policy) before anything running is touched, and the refusal says why.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from proton import Condition
+
+from ..config import ConfigError, Settings, load_settings
+from ..core.limits import LimitRule
+from ..security.guard import groups_from, policy_from
+from ..security.reload import UNAUTHORIZED, LiveConnection, LiveLink, ReloadError, ReloadPlan, plan
+from ..security.users import UserStore
+from .terminus import read_source, read_target
+
+if TYPE_CHECKING:
+    from .app import BrokerServer
+
+log = logging.getLogger("amqpbroker")
+
+CLOSE_GRACE = 5.0   # seconds a closed connection's peer has to answer before its socket goes
+
+
+class ConfigReloader:
+    def __init__(self, server: "BrokerServer", config_file: Path | None, overrides: dict[str, Any]):
+        self.server = server
+        self.config_file = config_file
+        self.overrides = overrides
+        self.reloads = 0           # taken
+        self.refused = 0           # bad files
+
+    def reload(self, who: str) -> dict:
+        """Re-read the file and apply what changed; ReloadError (nothing changed) when
+        it is not valid.  Logged either way."""
+        source = str(self.config_file) if self.config_file else "the environment"
+        try:
+            new, users, policy = self._load()
+        except ReloadError as exc:
+            self.refused += 1
+            log.error("configuration reload by %s refused, nothing changed: %s", who, exc)
+            raise
+        server = self.server
+        p = plan(server.settings, new, policy, self._connections(), self._links(), self._queues())
+        self._apply(new, users, policy, p)
+        self.reloads += 1
+        (log.warning if p.restart_needed else log.info)(
+            "configuration reloaded from %s by %s: %s", source, who, p.describe())
+        return {"source": source, **p.summary()}
+
+    def on_signal(self) -> None:
+        """SIGHUP."""
+        try:
+            self.reload("SIGHUP")
+        except ReloadError:
+            pass   # logged
+
+    # ------------------------------------------------------------------ validate
+
+    def _load(self) -> tuple[Settings, UserStore, Any]:
+        try:
+            new = load_settings(self.config_file, **self.overrides)
+        except ConfigError as exc:
+            raise ReloadError(str(exc)) from None
+        try:
+            users = UserStore({n: u.password for n, u in new.users.items() if u.password is not None})
+        except ValueError as exc:
+            raise ReloadError(f"invalid setting 'users': {exc}") from None
+        try:
+            policy = policy_from(new)
+        except ValueError as exc:
+            raise ReloadError(f"invalid setting 'acl': {exc}") from None
+        return new, users, policy
+
+    # ------------------------------------------------------------------ what is live
+
+    def _connections(self) -> list[LiveConnection]:
+        return [LiveConnection(h, h.protocol.user, f"{h.protocol.peer}, container '{h.container_id}'")
+                for hs in self.server.handlers_by_container.values() for h in hs if not h.ended]
+
+    def _links(self) -> list[LiveLink]:
+        access = self.server.access
+        out = []
+        for (container, name, is_sender), (handler, link) in list(self.server.live_links.items()):
+            if handler.ended or link.state & link.LOCAL_CLOSED:
+                continue
+            if is_sender:
+                need = access.consumer_requirement(read_source(link.remote_source), name, container)
+            else:
+                need = access.producer_requirement(read_target(link.remote_target))
+            if need is not None:
+                out.append(LiveLink((handler, link), handler, handler.protocol.user, name, *need))
+        return out
+
+    def _queues(self) -> dict:
+        return {name: (q.limits, q.declared_limits) for name, q in self.server.broker.queues.items()}
+
+    # ------------------------------------------------------------------ apply
+
+    def _apply(self, new: Settings, users: UserStore, policy: Any, p: ReloadPlan) -> None:
+        server = self.server
+        s = server.settings
+        for name in ("users", "acl", "anonymous", "expiry_policies", "queue_limits", "queues"):
+            setattr(s, name, getattr(new, name))
+        server.users = users
+        server.access.reconfigure(policy, groups_from(new))
+        server.broker.policy.queue_limits = tuple(LimitRule(r.pattern, r.queue_limits()) for r in new.queue_limits)
+        for name, (declared, effective) in p.queue_limits.items():
+            server.broker.queues[name].set_limits(effective, declared)
+        server.operations.reloaded()
+        for conn, why in p.close:
+            self._close(conn, why)
+        for link, why in p.detach:
+            self._detach(link, why)
+        server.flush_soon()
+
+    def _close(self, conn: LiveConnection, why: str) -> None:
+        h = conn.ref
+        log.warning("connection %s closed: %s: %s", conn.description, UNAUTHORIZED, why)
+        h.conn.condition = Condition(UNAUTHORIZED, why)
+        h.conn.close()
+        h.protocol.mark_dirty()
+        proto, protocols = h.protocol, self.server.protocols
+        # A peer that never answers the close loses its socket anyway.
+        self.server.loop.call_later(CLOSE_GRACE, lambda: proto.abort() if proto in protocols else None)
+
+    def _detach(self, live: LiveLink, why: str) -> None:
+        handler, link = live.ref
+        log.warning("connection %s: link '%s' detached: %s: %s", handler.protocol.peer, live.name,
+                    UNAUTHORIZED, why)
+        link.condition = Condition(UNAUTHORIZED, why)
+        link.close()
+        handler.link_ended(link)          # releases its deliveries (AMQP 1.0 §2.6.6), as a broker-ended link
+        self.server.forget_link(handler, link)
+        handler.protocol.mark_dirty()
+
+
+__all__ = ["ConfigReloader", "ReloadError"]
