@@ -83,6 +83,9 @@ def tune_gc() -> None:
 
 
 async def _run(settings: Settings, loop: asyncio.AbstractEventLoop) -> int:
+    if settings.ha is not None:   # a replicated pair (docs/ha.md): nothing of it loads otherwise
+        from .ha.node import run_node
+        return await run_node(settings, loop)
     import lmdb
 
     from .server.app import BrokerServer, install_signal_handlers
