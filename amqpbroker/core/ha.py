@@ -170,10 +170,11 @@ class ReplicaTracker:
         self.last_sent = number
         self.sent.append((number, now))
 
-    def on_ack(self, number: int) -> bool:
-        """The backup committed every batch up to `number`.  True when it has just
-        become IN_SYNC (the I/O tells it: it may take over from now on)."""
-        if number <= self.acked:
+    def on_ack(self, number: int, now: float = 0.0) -> bool:
+        """The backup committed every batch up to `number` (the first ack, after it
+        installed the store copy, may repeat what the copy holds).  True when it has
+        just become IN_SYNC (the I/O tells it: it may take over from now on)."""
+        if number < self.acked or self.state not in (PeerState.SYNCING, PeerState.CATCHING, PeerState.IN_SYNC):
             return False
         self.acked = number
         sent = self.sent
@@ -181,6 +182,8 @@ class ReplicaTracker:
             sent.popleft()
         if self.state is PeerState.SYNCING and number >= self.boundary:
             self.state = PeerState.CATCHING
+            # Batches queued while the copy went out count from now, not from when queued.
+            self.sent = deque((n, now) for n, _ in sent)
             # What was settled before commits began to wait for it: the backup needs
             # that much before it may take over (afterwards the gate keeps it ahead).
             self.eligible_at = self.released if self.synchronous else number

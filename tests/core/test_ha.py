@@ -179,3 +179,28 @@ def test_lag():
     t.sent_batch(5, 1.0)
     t.sent_batch(6, 2.0)
     assert t.lag(3.0) == (2, 2.0)
+
+
+def test_the_first_ack_after_the_copy_may_repeat_what_it_holds():
+    t = ReplicaTracker()
+    t.gate(7)
+    t.attach(first_unsettled=8, last_handed_over=7)   # nothing on its way: the copy has it all
+    assert t.on_ack(7, now=1.0) is True                # the backup installed the copy
+    assert t.state is PeerState.IN_SYNC
+
+
+def test_acks_of_a_given_up_backup_change_nothing():
+    t = synced_tracker()
+    t.went_alone()
+    assert t.on_ack(9) is False and t.state is PeerState.ALONE
+
+
+def test_batches_queued_during_the_copy_are_timed_from_the_catch_up():
+    t = ReplicaTracker(timeout=5.0)
+    t.attach(0, 0)
+    t.sent_batch(0, now=0.0)
+    t.sent_batch(1, now=0.0)     # queued while a long copy went out
+    t.on_ack(0, now=100.0)
+    assert t.state is PeerState.IN_SYNC   # nothing was settled before: it has it all
+    assert t.due_alone(104.0) is False
+    assert t.due_alone(105.0) is True
