@@ -294,3 +294,35 @@ def test_a_live_broker_cut_off_from_zookeeper_stops_accepting(pair, zookeeper):
             conn.close()
         except Exception:
             pass
+
+
+def test_the_live_broker_goes_on_alone_and_the_backup_copies_again(pair):
+    pair.start()
+    a, b = pair.brokers["a"], pair.brokers["b"]
+    b.kill()
+    traffic = send_durable(a, "alone", 50, "alone")   # waits backup_timeout (2 s), then alone
+    assert len(traffic.accepted) == 50
+    a.wait_for_log("going on alone at activation 2", 10)
+    view = ha_view(a)
+    assert view["activation"] == 2 and view["replication"]["alone_total"] == 1
+    b.start().wait_for_log("in sync with the live broker", 30)
+    a.kill()
+    b.wait_live(15)
+    assert assess(traffic, drain(b.url, "alone")).lost == []
+
+
+def test_a_backup_left_behind_never_takes_over(pair):
+    pair.start()
+    a, b = pair.brokers["a"], pair.brokers["b"]
+    b.kill()
+    a.wait_for_log("going on alone at activation 2", 10)
+    a.kill()                      # the only store with everything is gone with it
+    b.start()
+    b.wait_for_log("not contending for live: the store's activation 1 is behind ZooKeeper's 2", 15)
+    time.sleep(SESSION_TIMEOUT_MARGIN)
+    assert not b.is_listening(), "a stale backup must not become live"
+    a.start().wait_live(15)       # the broker with the latest store comes back: it is live again
+    b.wait_for_log("in sync with the live broker", 30)
+
+
+SESSION_TIMEOUT_MARGIN = 3.0
