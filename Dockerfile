@@ -16,8 +16,11 @@ RUN if ! ldconfig -p | grep -q 'libsasl2.so.2' || ! ldconfig -p | grep -q 'libss
     fi
 
 COPY wheelhouse /tmp/wheelhouse
+# EXTRAS="[ha]" adds kazoo for a replicated pair (compose profile `ha`, docs/ha.md;
+# the wheelhouse must then hold kazoo's wheel too).
+ARG EXTRAS=""
 RUN python3 -m venv /opt/amqpbroker \
-    && /opt/amqpbroker/bin/pip install --no-cache-dir --no-index --find-links /tmp/wheelhouse amqpbroker \
+    && /opt/amqpbroker/bin/pip install --no-cache-dir --no-index --find-links /tmp/wheelhouse "amqpbroker${EXTRAS}" \
     && rm -rf /tmp/wheelhouse \
     && (getent group amqp >/dev/null || groupadd --system --gid 10001 amqp) \
     && (getent passwd amqp >/dev/null || useradd --system --uid 10001 --gid amqp --home-dir /data --shell /usr/sbin/nologin amqp) \

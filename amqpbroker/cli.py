@@ -85,6 +85,9 @@ def tune_gc() -> None:
 
 async def _run(settings: Settings, loop: asyncio.AbstractEventLoop, config_file: Path | None = None,
                overrides: dict | None = None) -> int:
+    if settings.ha is not None:   # a replicated pair (docs/ha.md): nothing of it loads otherwise
+        from .ha.node import run_node
+        return await run_node(settings, loop, config_file, overrides)
     import lmdb
 
     from .server.app import BrokerServer, install_signal_handlers

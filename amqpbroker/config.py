@@ -144,6 +144,29 @@ class AlarmsConfig(BaseModel):
         return value if value is None else parse_bytes(value)
 
 
+class HaConfig(BaseModel):
+    """`[ha]`: a replicated primary/backup pair fenced by ZooKeeper (docs/ha.md).
+    Without this section the broker runs alone and nothing of HA is loaded."""
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["primary", "backup", "auto"] = "auto"
+    zookeeper: str                                            # "host:port[,host:port...]"
+    zookeeper_session_timeout: float = Field(10.0, ge=1.0)    # seconds: failover takes about this long
+    cluster: str = Field("default", pattern=r"^[A-Za-z0-9_.-]+$")   # the pair's name under /amqpbroker
+    node_id: str | None = None                                # default: made once, kept in the data dir
+    # The replication stream between the two brokers: where this one listens for
+    # its backup, and the address the backup is told (default: host:port as bound).
+    replication_host: str = "127.0.0.1"
+    replication_port: int = Field(5673, ge=0, le=65535)
+    advertised_replication: str | None = None
+    # Both brokers prove knowledge of it before any store data crosses (HMAC).
+    secret: str = Field(min_length=16)
+    synchronous: bool = True                                  # Accepted only once the backup has it too
+    # Seconds a live broker waits for a backup that stopped acknowledging (or went
+    # away) before it raises the activation sequence and goes on alone.
+    backup_timeout: float = Field(5.0, gt=0)
+
+
 class ExchangeDecl(BaseModel):
     name: str
     type: Literal["direct", "topic", "fanout"] = "topic"
@@ -309,6 +332,7 @@ class Settings(BaseSettings):
     expiry_interval: float = Field(60.0, gt=0)               # seconds between policy runs
     acl: list[AclRuleDecl] = []
     anonymous: AnonymousDecl | None = None                   # permissions of the anonymous user
+    ha: HaConfig | None = None                               # a replicated pair (docs/ha.md); None: alone
 
     @field_validator("log_level", mode="before")
     @classmethod

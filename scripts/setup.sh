@@ -9,12 +9,15 @@ cd "$(dirname "$0")/.."
 SUDO=""
 if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null; then SUDO="sudo"; fi
 
-extras=${AMQPBROKER_EXTRAS-test,spark}   # test: pytest & co; spark: pyspark + pyarrow for tests/spark
+extras=${AMQPBROKER_EXTRAS-test,spark,ha}   # test: pytest & co; spark: pyspark + pyarrow for tests/spark;
+                                            # ha: kazoo (docs/ha.md)
 pkgs=(libssl-dev libsasl2-dev libsasl2-modules pkg-config openssl gcc python3-dev python3-venv)
 # chromium + chromium-driver: the web console's browser tests (pytest -m browser);
 # node + npm: rhea over WebSocket in the WebSocket listener's tests.
 case ",$extras," in *,test,*) pkgs+=(chromium chromium-driver)
   command -v npm >/dev/null || pkgs+=(nodejs npm) ;; esac
+# zookeeper (Debian, 3.8) + a JRE: the HA tests start a real ZooKeeper (tests/e2e/ha_harness.py).
+case ",$extras," in *,test,*) pkgs+=(zookeeper default-jre-headless) ;; esac
 need_pkgs=()
 for pkg in "${pkgs[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_pkgs+=("$pkg")

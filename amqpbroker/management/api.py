@@ -31,6 +31,7 @@ from ..core.limits import Overflow, QueueLimits
 from .admin import AdminError
 from .auth import Principal
 from .expiry import parse_duration
+from .ha import ha_view
 from .exposition import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .listing import DEFAULT_LIMIT, MAX_LIMIT, next_link
 from .message_api import add_message_routes
@@ -372,6 +373,11 @@ def build_app(ops: "Operations") -> FastAPI:
              summary="Memory and disk alarms: state, readings and thresholds")
     async def get_alarms(principal: Principal = auth) -> dict:
         return admin.alarms_view()
+
+    @app.get("/api/ha", tags=["broker"],
+             summary="The HA pair: role, status, activation, ZooKeeper session, backup and replication lag")
+    async def get_ha(principal: Principal = auth) -> dict:
+        return ha_view(admin.managed)
 
     @app.put("/api/alarms", response_model=AlarmsOut, tags=["broker"],
              summary="Change the alarm thresholds at run time (as rabbitmqctl set_vm_memory_high_watermark / "

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from .exposition import (BrokerFigures, CounterCarry, QueueColumns, StoreFigures, SubscriptionFigures,
                          main_families, per_object_families, render)
+from .ha import ha_figures
 from .pacing import paced, paced_each
 
 if TYPE_CHECKING:
@@ -137,6 +138,7 @@ def protection_figures(managed: Any) -> dict[str, tuple[str, str, float]]:
     alarms = getattr(managed, "alarms", None)
     if alarms is not None:
         out.update(alarm_figures(alarms))
+    out.update(ha_figures(managed))   # none without [ha]
     flow = getattr(managed, "flow", None)
     if flow is not None:
         out["amqpbroker_producers_held"] = (

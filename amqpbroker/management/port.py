@@ -142,6 +142,9 @@ class ManagedBroker(Protocol):
     @property
     def metrics_auth_failures(self) -> int: ...              # failed SASL authentications
 
+    @property
+    def ha(self) -> Any: ...                                 # the HA pair's node (describe()), None alone
+
     def forget_link(self, handler: Any, link: Any) -> None: ...   # a link the admin detached
 
     def reload_config(self, who: str) -> dict: ...   # live reload; ValueError: bad file, nothing changed

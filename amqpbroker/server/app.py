@@ -113,6 +113,7 @@ class BrokerServer:
         self.alarm_watch = AlarmWatch(self.loop, self.alarms, settings.data_dir / "store" if st.enabled else None,
                                       al.check_interval)
         self.flow = FlowGate(self.loop, self.broker, self.alarms)   # who may give producers credit
+        self.ha: Any = None   # with [ha]: the pair's node (amqpbroker/ha/node.py), for management
         from ..management.service import Operations
         self.operations = Operations(self)                  # management API, metrics, expiry policy
         # Live reload of users, ACLs, expiry policies, queue limits (SIGHUP, POST /api/reload).

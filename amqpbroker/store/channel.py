@@ -141,6 +141,8 @@ class WriterChannel:
                 continue
             unsent.popleft()
             box.push(number, data)
+            if self.replica is not None:   # HA: the same frame goes to the backup (amqpbroker/ha)
+                self.replica.framed(number, data)
             self._burst_bytes += len(data)
 
     def _write_out(self) -> bool | None:
@@ -276,8 +278,22 @@ class WriterChannel:
         while inflight and inflight[0][0] <= number:
             n, batch = inflight.popleft()
             whole = whole or (batch.error is None and n >= self._degraded_at)
+        self.committed_upto = max(self.committed_upto, number)
+        if self.replica is not None and error is None:   # HA: callbacks wait for the backup's commit too
+            number = self.replica.gate(number)
         self._settle_ready(number, error, defer)
         return whole and error is None
+
+    def replica_committed(self) -> None:
+        """HA: the backup acknowledged batches (or the live broker stopped waiting for
+        it): run the callbacks both commits allow now."""
+        if self.replica is not None:
+            self._settle_ready(self.replica.gate(self.committed_upto))
+
+    def detach_replica(self) -> None:
+        """HA: commits stop waiting for a backup (closing, fenced)."""
+        self.replica = None
+        self._settle_ready(self.committed_upto)
 
     def _settle_ready(self, number: int = -1, error: BaseException | None = None, defer: bool = False) -> None:
         """Run the callbacks of settled batches in hand-over order: those up to `number`

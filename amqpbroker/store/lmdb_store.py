@@ -102,6 +102,10 @@ class LmdbStore(WriterChannel, LmdbReads, Store):
         # commit did not store (before that batch's callbacks run).
         self.on_lost_entries: Callable[[list[tuple[int, int]]], None] | None = None
         self.on_closing: Callable[[], None] | None = None
+        # HA (amqpbroker/ha/primary.py): sees every framed batch, gates the callbacks
+        # on the backup's commit; None without [ha].
+        self.replica: Any = None
+        self.committed_upto = -1                # highest batch number the writer reported
         # Health (metrics): why durable messages are refused now (None: they are
         # not), since when (time.time()), and batches whose callbacks got an error.
         self.degraded: str | None = None
@@ -238,6 +242,10 @@ class LmdbStore(WriterChannel, LmdbReads, Store):
         return snap
 
     def close(self) -> None:
+        if self.replica is not None:
+            # HA: the connections are closed by now, nobody is told about what commits
+            # from here on; the last writes need not wait for a backup that may be gone.
+            self.detach_replica()
         if self.on_closing is not None:   # last writes of a clean stop (DurabilityManager.closing)
             try:
                 self.on_closing()

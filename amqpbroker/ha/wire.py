@@ -1,0 +1,84 @@
+"""The replication stream between the live broker and its backup: framing and the
+handshake that proves both know the pair's secret before any store data crosses.
+
+A frame is a 4-byte big-endian length, a 1-byte kind and a payload:
+
+  live → backup   S  a piece of the store copy (LMDB's Environment.copy, compacted)
+                  E  the copy is complete: JSON {"through": last batch number it is sent for}
+                  B  one sealed store batch, the very frame the live writer got
+                     (store/writer.py: 4-byte length + pickle of ("batch", number, fields))
+                  Y  the backup holds everything ever acknowledged: it may take over
+  backup → live   A  u64+1: every batch up to this number is committed (ack; 0 means -1)
+
+The live broker never decodes anything but acknowledgements; the backup hands B
+payloads to its own writer process unread.  A batch frame is a pickle, so the
+handshake comes first: each side sends a nonce and answers the other's with
+HMAC-SHA256(secret, role + both nonces) (RFC 2104), compared in constant time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import os
+import struct
+
+HEAD = struct.Struct(">IB")
+U64 = struct.Struct(">Q")
+MAX_FRAME = 64 << 20     # a batch is at most GROUP_BYTES-sized in practice; a copy piece 1 MiB
+NONCE = 16
+COPY_PIECE = 1 << 20
+
+SNAPSHOT, SNAPSHOT_END, BATCH, SYNCED, ACK = b"S"[0], b"E"[0], b"B"[0], b"Y"[0], b"A"[0]
+
+
+class HandshakeFailed(Exception):
+    """The peer does not know the pair's secret (or is not a broker of this pair)."""
+
+
+def frame(kind: int, payload: bytes = b"") -> bytes:
+    return HEAD.pack(len(payload), kind) + payload
+
+
+def ack_frame(number: int) -> bytes:
+    return frame(ACK, U64.pack(number + 1))
+
+
+def ack_number(payload: bytes) -> int:
+    return U64.unpack(payload)[0] - 1
+
+
+async def read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    size, kind = HEAD.unpack(await reader.readexactly(HEAD.size))
+    if size > MAX_FRAME:
+        raise ValueError(f"replication frame of {size} bytes")
+    return kind, await reader.readexactly(size)
+
+
+def _proof(secret: str, role: bytes, first: bytes, second: bytes) -> bytes:
+    return hmac.new(secret.encode(), role + first + second, hashlib.sha256).digest()
+
+
+async def prove_live(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, secret: str) -> None:
+    """The live side: challenge the backup, then answer its challenge."""
+    mine = os.urandom(NONCE)
+    writer.write(mine)
+    await writer.drain()
+    theirs = await reader.readexactly(NONCE)
+    proof = await reader.readexactly(32)
+    if not hmac.compare_digest(proof, _proof(secret, b"backup", mine, theirs)):
+        raise HandshakeFailed("the backup's proof does not match the pair's secret")
+    writer.write(_proof(secret, b"live", theirs, mine))
+    await writer.drain()
+
+
+async def prove_backup(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, secret: str) -> None:
+    """The backup side: answer the live broker's challenge and check its answer."""
+    theirs = await reader.readexactly(NONCE)
+    mine = os.urandom(NONCE)
+    writer.write(mine + _proof(secret, b"backup", theirs, mine))
+    await writer.drain()
+    proof = await reader.readexactly(32)
+    if not hmac.compare_digest(proof, _proof(secret, b"live", mine, theirs)):
+        raise HandshakeFailed("the live broker's proof does not match the pair's secret")

@@ -1,0 +1,222 @@
+"""A real ZooKeeper and real broker processes for the HA tests (docs/ha.md).
+
+ZooKeeper is the Debian package's server (apt package `zookeeper`), started here on
+a free port in a temporary directory with a generated zoo.cfg (tickTime 200 ms, so
+a 2 s session timeout is allowed and expiry is checked often).  When the package is
+missing, `zookeeper_jar()` installs it with apt-get when it can; in CI (CI set in
+the environment) a ZooKeeper that cannot be had is a failure, elsewhere the tests
+are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ZK_JAR = Path("/usr/share/java/zookeeper.jar")
+ZK_CONF = Path("/etc/zookeeper/conf")        # log4j.properties of the package
+SESSION_TIMEOUT = 2.0
+SECRET = "test-pair-secret-0123456789"
+LISTEN_RE = re.compile(r"(amqps?|management) listening on ([\d.]+):(\d+)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _install_zookeeper() -> str | None:
+    """apt-get install zookeeper; None when done, else why not."""
+    if shutil.which("apt-get") is None:
+        return "no apt-get on this machine"
+    sudo = [] if os.geteuid() == 0 else (["sudo", "-n"] if shutil.which("sudo") else None)
+    if sudo is None:
+        return "not root and no sudo"
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for cmd in (["apt-get", "update", "-qq"],
+                ["apt-get", "-o", "DPkg::Lock::Timeout=600", "install", "-y", "-qq", "--no-install-recommends",
+                 "zookeeper"]):
+        done = subprocess.run(sudo + cmd, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            return f"{' '.join(cmd)} failed: {done.stderr.strip()[-300:]}"
+    return None
+
+
+def zookeeper_jar() -> Path:
+    if not ZK_JAR.exists():
+        why = _install_zookeeper()
+        if why is not None or not ZK_JAR.exists():
+            message = f"the Debian zookeeper package is not installed and cannot be: {why}"
+            if os.environ.get("CI"):
+                pytest.fail(message)
+            pytest.skip(message)
+    if shutil.which("java") is None:
+        message = "no java on this machine (ZooKeeper needs one)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return ZK_JAR
+
+
+class ZooKeeper:
+    def __init__(self, workdir: Path):
+        self.dir = workdir
+        self.port = 0
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "ZooKeeper":
+        jar = zookeeper_jar()
+        self.port = free_port()
+        (self.dir / "data").mkdir(parents=True, exist_ok=True)
+        cfg = self.dir / "zoo.cfg"
+        cfg.write_text(f"tickTime=200\ndataDir={self.dir / 'data'}\nclientPort={self.port}\n"
+                       "clientPortAddress=127.0.0.1\nminSessionTimeout=400\nmaxSessionTimeout=20000\n"
+                       "admin.enableServer=false\n4lw.commands.whitelist=ruok\n")
+        cp = f"{ZK_CONF}:{jar}" if ZK_CONF.exists() else str(jar)
+        log = open(self.dir / "zookeeper.log", "w")
+        self.proc = subprocess.Popen(["java", "-Xmx256m", "-cp", cp, f"-Dzookeeper.log.dir={self.dir}",
+                                      "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(cfg)],
+                                     stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("ZooKeeper exited:\n" + (self.dir / "zookeeper.log").read_text()[-2000:])
+            if self.ruok():
+                return self
+            time.sleep(0.1)
+        raise RuntimeError("ZooKeeper did not start in 30 s")
+
+    def ruok(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+                s.sendall(b"ruok")
+                return s.recv(4) == b"imok"
+        except OSError:
+            return False
+
+    @property
+    def hosts(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def pause(self) -> None:
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait()
+
+
+def pair_config(zk: ZooKeeper, cluster: str, role: str, amqp_port: int, **extra) -> str:
+    lines = [f'port = {amqp_port}', "[ha]", f'role = "{role}"', f'zookeeper = "{zk.hosts}"',
+             f"zookeeper_session_timeout = {SESSION_TIMEOUT}", f'cluster = "{cluster}"', "replication_port = 0",
+             f'secret = "{SECRET}"', "backup_timeout = 2.0"]
+    lines += [f"{k} = {v!r}".replace("'", '"') if isinstance(v, str) else f"{k} = {str(v).lower()}"
+              for k, v in extra.items()]
+    return "\n".join(lines) + "\n"
+
+
+class HaBroker:
+    """One broker of a pair as a process: started with a fixed AMQP port (clients fail
+    over between known addresses); `wait_live()` blocks until its listener is open."""
+
+    def __init__(self, name: str, data_dir: Path, config: str, amqp_port: int):
+        self.name = name
+        self.data_dir = Path(data_dir)
+        self.config = config
+        self.amqp_port = amqp_port
+        self.proc: subprocess.Popen | None = None
+        self.lines: list[str] = []
+        self.ports: dict[str, int] = {}
+        self._cond = threading.Condition()
+
+    @property
+    def url(self) -> str:
+        return f"amqp://127.0.0.1:{self.amqp_port}"
+
+    def start(self) -> "HaBroker":
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        cfg = self.data_dir.parent / f"{self.name}.toml"
+        cfg.write_text(self.config)
+        env = dict(os.environ, AMQPBROKER_MANAGEMENT__PORT="0")
+        self.lines, self.ports = [], {}
+        self.proc = subprocess.Popen([sys.executable, "-m", "amqpbroker.cli", "serve", "--config", str(cfg),
+                                      "--data-dir", str(self.data_dir), "--log-level", "info"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+        threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
+        self.wait_for_log(r"ha: (backup:|node \S+ is live)", 30)
+        return self
+
+    def _read(self, proc: subprocess.Popen) -> None:
+        for line in proc.stderr:
+            with self._cond:
+                self.lines.append(line)
+                m = LISTEN_RE.search(line)
+                if m:
+                    self.ports[m.group(1)] = int(m.group(3))
+                self._cond.notify_all()
+        proc.wait()
+        with self._cond:
+            self._cond.notify_all()
+
+    def log_text(self) -> str:
+        with self._cond:
+            return "".join(self.lines)
+
+    def wait_for_log(self, pattern: str, timeout: float = 15.0, after: int = 0) -> str:
+        rx = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for line in self.lines[after:]:
+                    if rx.search(line):
+                        return line
+                if self.proc.poll() is not None and not any(rx.search(x) for x in self.lines[after:]):
+                    raise RuntimeError(f"{self.name} exited ({self.proc.returncode}) before /{pattern}/:\n"
+                                       + "".join(self.lines[-60:]))
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"{self.name}: no /{pattern}/ in {timeout} s:\n" + "".join(self.lines[-60:]))
+                self._cond.wait(min(left, 0.2))
+
+    def wait_live(self, timeout: float = 20.0) -> None:
+        self.wait_for_log(r"amqp listening on", timeout)
+
+    def is_listening(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.amqp_port), timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
