@@ -30,32 +30,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from backlog import Broker, loadgen, log  # bench/backlog.py: one broker, loadgen runs
+from run import rabbitmq_durable_rate  # bench/run.py: RabbitMQ through its runner
 
 
 def p2p(url: str, queue: str, a: argparse.Namespace) -> dict:
     return loadgen(url, ["--address", queue, "--messages", str(a.messages), "--size", str(a.size),
                          "--senders", "1", "--receivers", "1", "--window", str(a.window),
                          "--credit", str(a.credit), "--durable", "--drain-backlog"], a.timeout)
-
-
-def rabbitmq_rate(a: argparse.Namespace) -> float | None:
-    """Median RabbitMQ durable p2p msgs/s through bench/run.py (None: not installed)."""
-    if not Path("/usr/lib/rabbitmq/bin").exists():
-        return None
-    import run as runner  # bench/run.py: its broker runner and loadgen driver, not a copy
-    args = runner.parse_args(["--brokers", "rabbitmq", "--scenarios", "p2p", "--durable",
-                              "--messages", str(a.messages), "--size", str(a.size)])
-    broker = runner.BROKER_CLASSES["rabbitmq"](args)
-    try:
-        broker.start()
-        rates = [runner.run_loadgen(broker, "p2p", i, args).get("msgs_per_s") for i in range(a.reps)]
-    except runner.BrokerStartError as exc:
-        log(f"RabbitMQ did not start: {exc}")
-        return None
-    finally:
-        broker.stop()
-    rates = [r for r in rates if r]
-    return statistics.median(rates) if rates else None
 
 
 def main(argv=None) -> int:
@@ -93,7 +74,7 @@ def main(argv=None) -> int:
     finally:
         broker.stop()
         broker.kill()
-    rabbit = None if a.no_rabbitmq else rabbitmq_rate(a)
+    rabbit = None if a.no_rabbitmq else rabbitmq_durable_rate(a.messages, a.size, a.reps, log)
     me, md = (statistics.median(v) if v else 0.0 for v in (empty, deep))
     print(f"durable p2p, {a.messages:,} x {a.size} B, median of {a.reps}:")
     print(f"  empty queue              {me:>10,.0f} msgs/s   {[round(x) for x in empty]}")

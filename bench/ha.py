@@ -38,6 +38,9 @@ sys.path.insert(0, str(HERE.parent))
 
 from tests.e2e.ha_harness import HaBroker, ZooKeeper, free_port, pair_config  # noqa: E402
 
+sys.path.insert(0, str(HERE))
+from run import rabbitmq_durable_rate  # noqa: E402  (bench/run.py: RabbitMQ through its runner)
+
 LOADGEN = HERE / "build" / "loadgen"
 
 
@@ -89,6 +92,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--failovers", type=int, default=5)
     ap.add_argument("--timeout", type=float, default=180.0)
+    ap.add_argument("--no-rabbitmq", action="store_true", help="skip RabbitMQ durable p2p")
     a = ap.parse_args(argv)
     if not LOADGEN.exists():
         print(f"{LOADGEN} missing: run bench/setup.sh and bench/build.sh", file=sys.stderr)
@@ -129,12 +133,18 @@ def main(argv=None) -> int:
         zk.stop()
         shutil.rmtree(root, ignore_errors=True)
     med = {k: statistics.median(v) if v else None for k, v in rates.items()}
+    rabbit = None if a.no_rabbitmq else rabbitmq_durable_rate(a.messages, a.size, a.repeat)
     print()
     print(f"durable p2p, {a.messages:,} x {a.size} B, window 1000 (median of {a.repeat})")
     for k, v in med.items():
         print(f"  {k:11s} {v or 0:>10,.0f} msgs/s")
     if med["alone"] and med["replicated"]:
         print(f"  replicated / alone: {med['replicated'] / med['alone']:.2f} (target >= 0.6)")
+    if rabbit and med["replicated"]:
+        print(f"  RabbitMQ durable p2p {rabbit:>10,.0f} msgs/s: replicated / RabbitMQ "
+              f"{med['replicated'] / rabbit:.2f} (target >= 1.5)")
+    elif not a.no_rabbitmq:
+        print("  RabbitMQ: not installed (bench/setup.sh) or did not start")
     if failovers:
         print(f"failover (kill -9 to the backup's listener accepting), ZooKeeper session timeout 2 s: "
               f"median {statistics.median(failovers):.2f} s, max {max(failovers):.2f} s (goal <= 5 s)")

@@ -632,6 +632,27 @@ def build_rows(summ: dict, scenarios: list[str], brokers: list[str], failed: dic
     return header, rows
 
 
+def rabbitmq_durable_rate(messages: int, size: int, reps: int, say=print) -> float | None:
+    """Median RabbitMQ durable p2p msgs/s (persistent messages, a durable queue) for
+    benchmarks that put a figure of their own against it; None when RabbitMQ is not
+    installed (bench/setup.sh) or does not start."""
+    if not Path("/usr/lib/rabbitmq/bin").exists():
+        return None
+    args = parse_args(["--brokers", "rabbitmq", "--scenarios", "p2p", "--durable",
+                       "--messages", str(messages), "--size", str(size)])
+    broker = BROKER_CLASSES["rabbitmq"](args)
+    try:
+        broker.start()
+        rates = [run_loadgen(broker, "p2p", i, args).get("msgs_per_s") for i in range(reps)]
+    except BrokerStartError as exc:
+        say(f"RabbitMQ did not start: {exc}")
+        return None
+    finally:
+        broker.stop()
+    rates = [r for r in rates if r]
+    return statistics.median(rates) if rates else None
+
+
 def own_ratios(summ: dict, brokers: list[str]) -> list[str]:
     """Each broker against its own p2p in the same run: fan-out deliveries/s and
     competing msgs/s over p2p msgs/s, and broker CPU per message in the latency

@@ -20,6 +20,7 @@ import queue
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +29,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -388,11 +390,31 @@ def mark(cell: Cell | None) -> str:
     return {"pass": "pass", "fail": "FAIL", "n/a": "n/a"}[cell.status]
 
 
+def live_url(urls: list[str], wait: float) -> str | None:
+    """The first of `urls` whose broker accepts a TCP connection, tried in turn until
+    `wait` seconds have passed (None: none did)."""
+    deadline = time.monotonic() + wait
+    while True:
+        for url in urls:
+            parts = urlsplit(url if "://" in url else "amqp://" + url)
+            try:
+                with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 5672), timeout=1.0):
+                    return url
+            except OSError:
+                continue
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.5)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", default=",".join(ALL_CLIENTS), help="comma-separated: rhea,python,cpp")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated: " + ",".join(SCENARIOS))
-    ap.add_argument("--url", help="use this running broker instead of starting one")
+    ap.add_argument("--url", help="use this running broker instead of starting one; a comma-separated "
+                    "list (an HA pair, docs/ha.md): the one that accepts connections, waited for up to "
+                    "--live-wait seconds (a backup keeps its listener closed until it is live)")
+    ap.add_argument("--live-wait", type=float, default=60.0, help="seconds to wait for a live broker in --url")
     ap.add_argument("--timeout", type=float, default=30.0, help="per client process, seconds (default 30)")
     ap.add_argument("--json", metavar="FILE", help="also write every result as JSON to FILE")
     ap.add_argument("-v", "--verbose", action="store_true", help="print each client command line")
@@ -411,7 +433,10 @@ def main(argv: list[str] | None = None) -> int:
 
     broker = None
     if args.url:
-        url = args.url
+        url = live_url(args.url.split(","), args.live_wait)
+        if url is None:
+            print(f"no broker of {args.url} accepted connections within {args.live_wait:g} s", file=sys.stderr)
+            return 1
     else:
         broker = Broker()
         url = broker.wait_ready()
