@@ -241,3 +241,32 @@ def test_console_browses_a_queue_and_moves_its_messages(broker, driver):
     wait_for(lambda: "no waiting messages" in driver.find_element(By.ID, "messages").text, what="the emptied panel")
     assert httpx.get(f"{mgmt}/api/queues/{src}", timeout=10).json()["depth"] == 0
     conn.close()
+
+
+def test_console_shows_the_ha_pair_and_nothing_for_a_broker_alone(broker, driver, tmp_path):
+    """The header's HA badge (GET /api/ha): hidden for a broker that runs alone; for the
+    live broker of a real pair (Debian's ZooKeeper, tests/e2e/ha_harness.py) its status,
+    role and activation, the backup in sync and the ZooKeeper session."""
+    from selenium.webdriver.common.by import By
+
+    from tests.e2e.ha_harness import HaBroker, ZooKeeper, free_port, pair_config
+
+    driver.get(f"http://127.0.0.1:{broker.ports['management']}/console/")
+    wait_for(lambda: driver.find_element(By.ID, "overview").text, what="the overview")
+    assert not driver.find_element(By.ID, "ha").is_displayed()
+    zk = ZooKeeper(tmp_path / "zk").start()
+    cluster = uuid.uuid4().hex[:8]
+    pair = [HaBroker(name, tmp_path / name, pair_config(zk, cluster, role, port), port)
+            for name, role, port in (("a", "primary", free_port()), ("b", "backup", free_port()))]
+    try:
+        pair[0].start().wait_live()
+        pair[1].start().wait_for_log("in sync with the live broker", 30)
+        driver.get(f"http://127.0.0.1:{pair[0].ports['management']}/console/")
+        badge = wait_for(lambda: (e := driver.find_element(By.ID, "ha")).is_displayed()
+                         and "in-sync" in e.text and e, what="the HA badge")
+        assert badge.text.startswith("HA live (primary, activation ")
+        assert "ZooKeeper CONNECTED" in badge.text and "degraded" not in badge.get_attribute("class")
+    finally:
+        for b in pair:
+            b.kill()
+        zk.stop()

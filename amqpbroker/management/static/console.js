@@ -238,7 +238,22 @@ async function moveMessages(verb) {
 
 let timer = null;
 let busy = false;
+let haEnabled = true;   // until /api/ha says this broker runs alone: then it is not asked again
 let again = false;   // asked for while a refresh ran (a new filter, page, sort): run once more at once
+
+// The HA pair's state (GET /api/ha): status and role, the backup and its lag, the
+// ZooKeeper session; amber when the backup is not in sync or ZooKeeper is not connected.
+async function showHa() {
+  const ha = await api("GET", "/api/ha");
+  const el = document.getElementById("ha");
+  if (!ha.enabled) { haEnabled = false; el.hidden = true; return; }
+  const rep = ha.replication;
+  const backup = rep ? `backup ${rep.peer_state}, lag ${rep.lag_batches} batch(es) / ${rep.lag_seconds} s` : "no backup";
+  const zk = ha.zookeeper.session;
+  el.textContent = `HA ${ha.status} (${ha.role}, activation ${ha.activation}) · ${backup} · ZooKeeper ${zk}`;
+  el.classList.toggle("degraded", zk !== "CONNECTED" || !rep || rep.peer_state !== "in-sync");
+  el.hidden = false;
+}
 
 async function refresh() {
   clearTimeout(timer);
@@ -258,6 +273,7 @@ async function refresh() {
     const alarmEl = document.getElementById("alarms");
     alarmEl.hidden = alarms.length === 0;
     alarmEl.textContent = alarms.length ? `${alarms.join(" + ")} alarm: producers blocked` : "";
+    if (haEnabled) await showHa();
     const abandoned = subs.filter((s) => s.abandoned).length;
     document.getElementById("sub-count").textContent = `${subs.length}` + (abandoned ? ` · ${abandoned} abandoned` : "");
     const { queues, total, offset } = page;
