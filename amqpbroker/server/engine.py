@@ -266,29 +266,29 @@ class AmqpProtocol(asyncio.Protocol):
                     self.handler.protocol_violation(*problem)
                     self._process()
                 return
-        t = self.transport
+        # Raw proton calls, as in flush: no copy of the bytes, no wrapper objects.
+        impl = self.transport._impl
         view = memoryview(data)
         while view:
-            capacity = t.capacity()
+            capacity = lib.pn_transport_capacity(impl)
             if capacity < 0:
                 break  # input side closed: ignore the rest
             if capacity == 0:
                 self._process()
-                if t.capacity() <= 0:
+                if lib.pn_transport_capacity(impl) <= 0:
                     break
                 continue
-            chunk = bytes(view[:capacity])
-            view = view[capacity:]
-            try:
-                t.push(chunk)
-            except Exception as exc:  # proton refused the bytes: framing error
-                log.warning("connection %s: transport error: %s", self.peer, exc)
+            chunk, view = view[:capacity], view[capacity:]
+            n = lib.pn_transport_push(impl, ffi.from_buffer(chunk), len(chunk))
+            if n != len(chunk):   # proton refused the bytes: a framing error
+                why = ffi.string(lib.pn_error_text(lib.pn_transport_error(impl))).decode(errors="replace")
+                log.warning("connection %s: transport error: [%d]: %s", self.peer, n, why)
                 break
             self._process()
-        self._process()
+        self._process()   # after a break: what the bytes before it raised
         # Input that raised no event (an empty frame, a heartbeat) may still leave
         # engine output (a session's window, AMQP 1.0 §2.5.6) or an ended transport.
-        if not self._dirty and lib.pn_transport_pending(t._impl) != 0:
+        if not self._dirty and lib.pn_transport_pending(impl) != 0:
             self.mark_dirty()
 
     def _process(self) -> None:
