@@ -80,18 +80,7 @@ class BrokerProcess:
         return self
 
     def _read(self, proc: subprocess.Popen) -> None:
-        for line in proc.stderr:
-            with self._cond:
-                self.lines.append(line)
-                m = LISTEN_RE.search(line)
-                if m:
-                    self.ports[m.group(1)] = int(m.group(3))
-                self._cond.notify_all()
-        # EOF: the process is ending; wake start() so that it sees the exit at once
-        # (not at its timeout).
-        proc.wait()
-        with self._cond:
-            self._cond.notify_all()
+        follow_log(self, proc)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
         if self.proc is None or self.proc.poll() is not None:
@@ -142,3 +131,20 @@ class BrokerProcess:
                 if left <= 0:
                     raise AssertionError(f"no log line matching {pattern!r}:\n" + "".join(self.lines[-40:]))
                 self._cond.wait(left)
+
+
+def follow_log(owner, proc: subprocess.Popen) -> None:
+    """A reader thread's body: every log line of `proc` into `owner.lines`, the
+    listeners' ports into `owner.ports` (both under `owner._cond`, notified)."""
+    for line in proc.stderr:
+        with owner._cond:
+            owner.lines.append(line)
+            m = LISTEN_RE.search(line)
+            if m:
+                owner.ports[m.group(1)] = int(m.group(3))
+            owner._cond.notify_all()
+    # EOF: the process is ending; wake a waiter so that it sees the exit at once
+    # (not at its timeout).
+    proc.wait()
+    with owner._cond:
+        owner._cond.notify_all()

@@ -44,7 +44,21 @@ class Traffic:
     errors: list[str] = field(default_factory=list)
 
 
-class _Clients(MessagingHandler):
+class Outcomes:
+    """A sender's outcomes to `_outcome(event, accepted)`: Accepted is True; Rejected
+    and Released (not taken: the producer may not count it) are False."""
+
+    def on_accepted(self, event):
+        self._outcome(event, True)
+
+    def on_rejected(self, event):
+        self._outcome(event, False)
+
+    def on_released(self, event):
+        self._outcome(event, False)
+
+
+class _Clients(Outcomes, MessagingHandler):
     def __init__(self, url: str, address: str, traffic: Traffic, kill_after: int,
                  threshold: threading.Event, *, consume: bool, window: int, body: bytes | None,
                  max_messages: int, deadline: float, prefetch: int):
@@ -113,15 +127,6 @@ class _Clients(MessagingHandler):
             cond = event.delivery.remote.condition
             self.t.rejected[mid] = cond.name if cond else "?"
         self._pump(event.link)
-
-    def on_accepted(self, event):
-        self._outcome(event, True)
-
-    def on_rejected(self, event):
-        self._outcome(event, False)
-
-    def on_released(self, event):
-        self._outcome(event, False)
 
     def on_message(self, event):
         msg = event.message

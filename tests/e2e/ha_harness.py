@@ -23,11 +23,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.broker_process import follow_log
+
 ZK_JAR = Path("/usr/share/java/zookeeper.jar")
 ZK_CONF = Path("/etc/zookeeper/conf")        # log4j.properties of the package
 SESSION_TIMEOUT = 2.0
 SECRET = "test-pair-secret-0123456789"
-LISTEN_RE = re.compile(r"(amqps?|management) listening on ([\d.]+):(\d+)")
 
 
 def free_port() -> int:
@@ -163,16 +164,7 @@ class HaBroker:
         return self
 
     def _read(self, proc: subprocess.Popen) -> None:
-        for line in proc.stderr:
-            with self._cond:
-                self.lines.append(line)
-                m = LISTEN_RE.search(line)
-                if m:
-                    self.ports[m.group(1)] = int(m.group(3))
-                self._cond.notify_all()
-        proc.wait()
-        with self._cond:
-            self._cond.notify_all()
+        follow_log(self, proc)
 
     def log_text(self) -> str:
         with self._cond:

@@ -21,7 +21,7 @@ from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
 from tests.client import connect
-from tests.e2e.crash_support import Traffic, assess, drain, send_durable
+from tests.e2e.crash_support import Outcomes, Traffic, assess, drain, send_durable
 from tests.e2e.ha_harness import HaBroker, ZooKeeper, free_port, pair_config
 from tests.e2e.jms_links import durable_consumer, shared_consumer
 
@@ -104,7 +104,7 @@ class FailoverConsumer(MessagingHandler):
             event.container.schedule(0.2, self)
 
 
-class SeveralProducers(MessagingHandler):
+class SeveralProducers(Outcomes, MessagingHandler):
     """Producers on their own connections in one container (proton's containers are
     not to be run in several threads of one process), durable unsettled sends, each
     outcome recorded per producer as crash_support's Traffic."""
@@ -144,15 +144,6 @@ class SeveralProducers(MessagingHandler):
         if sum(len(x.accepted) for x in self.traffic.values()) >= self.kill_after:
             self.threshold.set()
         self.on_sendable(event)
-
-    def on_accepted(self, event):
-        self._outcome(event, True)
-
-    def on_rejected(self, event):
-        self._outcome(event, False)
-
-    def on_released(self, event):
-        self._outcome(event, False)
 
     def on_transport_error(self, event):
         pass

@@ -7,26 +7,26 @@ import pytest
 from amqpbroker.ha import wire
 
 
+async def _prove(side: str, proof, reader, writer, secret: str, results: dict) -> None:
+    """One side's half of the handshake: "ok" or the exception's name in results."""
+    try:
+        await proof(reader, writer, secret)
+        results[side] = "ok"
+    except (wire.HandshakeFailed, asyncio.IncompleteReadError) as exc:
+        results[side] = type(exc).__name__
+    writer.close()
+
+
 async def _pair(live_secret: str, backup_secret: str):
     results = {}
 
     async def serve(reader, writer):
-        try:
-            await wire.prove_live(reader, writer, live_secret)
-            results["live"] = "ok"
-        except (wire.HandshakeFailed, asyncio.IncompleteReadError) as exc:
-            results["live"] = type(exc).__name__
-        writer.close()
+        await _prove("live", wire.prove_live, reader, writer, live_secret, results)
 
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        await wire.prove_backup(reader, writer, backup_secret)
-        results["backup"] = "ok"
-    except (wire.HandshakeFailed, asyncio.IncompleteReadError) as exc:
-        results["backup"] = type(exc).__name__
-    writer.close()
+    await _prove("backup", wire.prove_backup, reader, writer, backup_secret, results)
     await asyncio.sleep(0.05)
     server.close()
     return results

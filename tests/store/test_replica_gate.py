@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from amqpbroker.core.ha import ReplicaTracker
 from amqpbroker.store import writer as writer_proc
 from tests.store.helpers import put
@@ -27,17 +29,20 @@ def run_briefly(loop, seconds=0.5):
     loop.run_until_complete(asyncio.sleep(seconds))
 
 
-def in_sync(store, replica):
-    replica.tracker.attach(store.batch, store.batch - 1)
-    replica.tracker.on_ack(store.batch - 1)
-    assert replica.tracker.state.value == "in-sync"
-
-
-def test_callbacks_wait_for_the_replica_then_run_in_order(opened, loop):
+@pytest.fixture
+def gated(opened):
+    """An open store with a replica attached and in sync: (store, replica)."""
     store = opened()
     replica = FakeReplica()
     store.replica = replica
-    in_sync(store, replica)
+    replica.tracker.attach(store.batch, store.batch - 1)
+    replica.tracker.on_ack(store.batch - 1)
+    assert replica.tracker.state.value == "in-sync"
+    return store, replica
+
+
+def test_callbacks_wait_for_the_replica_then_run_in_order(gated, loop):
+    store, replica = gated
     seen = []
     put(store, 1, 1, b"one")
     store.after_commit(lambda err: seen.append(("one", err)))
@@ -52,11 +57,8 @@ def test_callbacks_wait_for_the_replica_then_run_in_order(opened, loop):
     assert seen == [("one", None)]
 
 
-def test_a_replica_ahead_of_the_local_commit_waits_for_it(opened, loop):
-    store = opened()
-    replica = FakeReplica()
-    store.replica = replica
-    in_sync(store, replica)
+def test_a_replica_ahead_of_the_local_commit_waits_for_it(gated, loop):
+    store, replica = gated
     seen = []
     put(store, 1, 1, b"x")
     store.after_commit(lambda err: seen.append(err))
@@ -67,11 +69,8 @@ def test_a_replica_ahead_of_the_local_commit_waits_for_it(opened, loop):
     assert seen == [None]
 
 
-def test_detaching_the_replica_releases_what_waits(opened, loop):
-    store = opened()
-    replica = FakeReplica()
-    store.replica = replica
-    in_sync(store, replica)
+def test_detaching_the_replica_releases_what_waits(gated, loop):
+    store, replica = gated
     seen = []
     put(store, 1, 1, b"x")
     store.after_commit(lambda err: seen.append(err))
