@@ -41,6 +41,9 @@ import threading
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from backlog import kill_now  # noqa: E402  (bench/backlog.py)
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 PYTHON = REPO / ".venv" / "bin" / "python"
@@ -166,12 +169,7 @@ class Child:
         return self.proc.poll() is None
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait(10)
+        kill_now(self.proc)
 
 
 # ---------------------------------------------------------------------- the broker
@@ -217,12 +215,7 @@ class Broker:
         return [ln.rstrip() for ln in self.lines if "alarm raised" in ln or "alarm cleared" in ln]
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait(10)
+        kill_now(self.proc)
 
 
 # ---------------------------------------------------------------------- the run

@@ -151,12 +151,17 @@ class Broker:
         return time.monotonic() - t0
 
     def kill(self):
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait(10)
+        kill_now(self.proc)
+
+
+def kill_now(proc: subprocess.Popen | None) -> None:
+    """SIGKILL a process started with start_new_session (its whole group) if it runs."""
+    if proc is not None and proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(10)
 
 
 def loadgen(url: str, args: list[str], timeout: float) -> dict:

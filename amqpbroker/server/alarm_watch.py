@@ -176,12 +176,11 @@ class AlarmWatch:
                             "until it can", self.data_dir)
             self._disk_unreadable = free is None
         cg = cgroup_limit(self._cgroup_files)
-        a = self.alarms
-        used = self._rss(cg)
         limit = self._limit(cg)
+        used = self._rss(limit)
         delay = next_check(self.interval, used, limit)
-        a.feed(rss=used, physical_memory=self.physical or None, cgroup_limit=cg, disk_free=free,
-               rss_ahead=self._growth(used, delay))
+        self.alarms.feed(rss=used, physical_memory=self.physical or None, cgroup_limit=cg, disk_free=free,
+                         rss_ahead=self._growth(used, delay))
         return delay
 
     def _limit(self, cg: int | None) -> int | None:
@@ -203,12 +202,10 @@ class AlarmWatch:
         rate = (used - last[1]) / (now - last[0])
         return int(2 * rate * delay) if rate > 0 else 0
 
-    def _rss(self, cg: int | None) -> int | None:
+    def _rss(self, limit: int | None) -> int | None:
         """The RSS, after giving malloc's free memory back when it is at the limit."""
         used = rss()
-        a = self.alarms
-        limit = self._limit(cg)
-        if limit is None or used is None or not memory_decision(a.raised(MEMORY), used, limit):
+        if limit is None or used is None or not memory_decision(self.alarms.raised(MEMORY), used, limit):
             return used
         now = self.clock()
         if now - self._trimmed_at < TRIM_EVERY:
