@@ -27,6 +27,8 @@ class ConsumerPort(Protocol):
     browser: bool         # distribution-mode copy: sees entries without acquiring them
     filtered: bool        # True when accepts() may say no (selector, no-local)
 
+    # How many entries deliver() may take now; each delivery uses exactly one, until
+    # the I/O layer hands in more input (a queue reads it once for a run of entries).
     def credit(self) -> int: ...
     def accepts(self, entry: "Entry") -> bool: ...
     def deliver(self, entry: "Entry") -> None: ...
@@ -247,17 +249,17 @@ class ReadyList:
     overtaken by newer messages) makes its level dirty from its sequence on, and
     `marks()` lowers every consumer's mark there before the next scan."""
 
-    __slots__ = ("_count", "_dirty", "_high", "_levels", "_marks")
+    __slots__ = ("count", "_dirty", "_high", "_levels", "_marks")
 
     def __init__(self) -> None:
         self._levels: list = [_EMPTY] * PRIORITY_LEVELS
-        self._count = 0
+        self.count = 0   # entries ready (read it: len() is a Python-level call on hot paths)
         self._high = 0                              # the highest sequence ever pushed
         self._dirty: dict[int, int] | None = None   # level -> lowest out-of-order push
         self._marks: dict[int, list[int]] | None = None   # consumer id -> mark per level
 
     def __len__(self) -> int:
-        return self._count
+        return self.count
 
     def _level(self, priority: int) -> _Level:
         level = self._levels[priority]
@@ -267,7 +269,7 @@ class ReadyList:
 
     def push(self, entry: Entry) -> None:
         level = self._level(entry.priority)
-        self._count += 1
+        self.count += 1
         if entry.seq > self._high:   # above every mark (and every entry of its level)
             self._high = entry.seq
             level.append(entry)
@@ -278,7 +280,7 @@ class ReadyList:
     def put_back(self, entry: Entry) -> None:
         """Undo pop_first(): the entry goes back in front, marks stay as they are."""
         self._level(entry.priority).add(entry)
-        self._count += 1
+        self.count += 1
 
     def touch(self, entry: Entry) -> None:
         """Record that scans must look at `entry` again (it came back, or a field a
@@ -323,7 +325,7 @@ class ReadyList:
         for level in reversed(self._levels):
             blocks = level.blocks
             if blocks:
-                self._count -= 1
+                self.count -= 1
                 return level.popleft()
         return None
 
@@ -333,7 +335,7 @@ class ReadyList:
     def remove(self, entry: Entry) -> None:
         if not self._levels[entry.priority].remove(entry):
             raise ValueError(f"entry {entry.seq} is not ready")
-        self._count -= 1
+        self.count -= 1
 
     def level_from(self, priority: int, seq: int, n: int) -> list[Entry]:
         """Up to `n` entries of one level with a sequence of at least `seq`, in order:
@@ -355,7 +357,7 @@ class ReadyList:
     def clear(self) -> list[Entry]:
         out = [e for level in reversed(self._levels) for e in level]
         self._levels = [_EMPTY] * PRIORITY_LEVELS
-        self._count = 0
+        self.count = 0
         return out
 
     def pop_below(self, seq: int) -> list[Entry]:
@@ -364,5 +366,5 @@ class ReadyList:
         for level in self._levels:
             if level.blocks:
                 out += level.pop_below(seq)
-        self._count -= len(out)
+        self.count -= len(out)
         return out

@@ -16,11 +16,12 @@ import time
 from typing import Any, Callable
 
 from .entries import PRIORITY_LEVELS, ConsumerPort, Entry, ReadyList, StoreHooks
-from .browsers import SCAN_CHUNK, QueueBrowsers
+from .browsers import QueueBrowsers
 from .limits import LimitedQueue, QueueLimits
 from .policies import ExclusivityPolicy, LifetimePolicy
 from .message import Message
 from .paging import PagedRegion
+from .picking import EntryPicking
 from .waiting import WaitingEntries
 from .settlement import LateAction, Outcome, Place, late_outcome
 
@@ -43,7 +44,7 @@ DISPATCH_SLICE_BYTES = 4 << 20
 SCAN_BUDGET = 4096
 
 
-class Queue(PagedRegion, LimitedQueue, WaitingEntries, QueueBrowsers):
+class Queue(PagedRegion, LimitedQueue, WaitingEntries, QueueBrowsers, EntryPicking):
     # Slots, not a __dict__: 50,000 idle queues must stay small (≤ 2 KB each).
     __slots__ = (
         "_again", "_browsers", "_deferred", "_delayed", "_dispatching", "_groups", "_paged_gone", "_pending_page",
@@ -193,7 +194,7 @@ class Queue(PagedRegion, LimitedQueue, WaitingEntries, QueueBrowsers):
         already running or deferred."""
         consumers = self.consumers
         n = len(consumers)
-        if (not n or self._ready or self.paged_count or self._browsers or self._groups
+        if (not n or self._ready.count or self.paged_count or self._browsers or self._groups
                 or entry.group is not None or self._dispatching or self._deferred
                 or (entry.expires_at is not None and entry.expires_at <= self.clock())):
             return False
@@ -323,13 +324,19 @@ class Queue(PagedRegion, LimitedQueue, WaitingEntries, QueueBrowsers):
             self._page_in()
         if self.browsers:
             self._browse()
-        while (self._ready or self.paged_count) and consumers and self._slice:
+        while (self._ready.count or self.paged_count) and consumers and self._slice:
             if self.paged_count and len(self._ready) < self.page_in_low:
                 if not self._page_in() and not self._ready:
                     return
                 if not self._ready:
                     continue   # that batch expired or is scheduled: the next one
             n = len(consumers)
+            if n == 1 and not self._groups:
+                only = consumers[0]
+                if not (only.filtered or only.browser):
+                    if not self._run_to(only):
+                        return
+                    continue
             start = self._rr % n
             for i in range(n):
                 consumer = consumers[(start + i) % n]
@@ -345,69 +352,6 @@ class Queue(PagedRegion, LimitedQueue, WaitingEntries, QueueBrowsers):
                 break
             else:
                 return
-
-    def _take_for(self, consumer: ConsumerPort) -> Entry | None:
-        now = self.clock()
-        if not consumer.filtered and not self._groups:
-            while True:   # the usual case: the first entry, with no scan
-                entry = self._ready.pop_first()
-                if entry is None:
-                    return None
-                if entry.expires_at is not None and entry.expires_at <= now:
-                    self._expire(entry)
-                    continue
-                if entry.excluded is None:
-                    return entry
-                self._ready.put_back(entry)
-                break
-        return self._scan_for(consumer, now)
-
-    def _scan_for(self, consumer: ConsumerPort, now: float) -> Entry | None:
-        """The first entry, highest priority first, that `consumer` may take.  The
-        scan resumes at the consumer's mark in each level, so every entry is examined
-        once per consumer however many messages it takes; only an entry pushed back
-        below a mark (core/entries.py: scan marks) or a released message group sends
-        a scan back.  Past the scan budget the dispatch waits for the next loop turn."""
-        ready = self._ready
-        marks = ready.marks(consumer.consumer_id)
-        for p in range(PRIORITY_LEVELS - 1, -1, -1):
-            while True:
-                chunk = ready.level_from(p, marks[p], SCAN_CHUNK)
-                for entry in chunk:
-                    if self._scan == 0:
-                        self._slice = 0
-                        return None
-                    self._scan -= 1
-                    marks[p] = entry.seq + 1
-                    if self._may_take(entry, consumer, now):
-                        ready.remove(entry)
-                        return entry
-                if len(chunk) < SCAN_CHUNK:
-                    break
-        return None
-
-    def _may_take(self, entry: Entry, consumer: ConsumerPort, now: float) -> bool:
-        """Whether `consumer` may take this ready entry (an expired one is expired)."""
-        if entry.expires_at is not None and entry.expires_at <= now:
-            self._ready.remove(entry)
-            self._expire(entry)
-            return False
-        if entry.excluded is not None and consumer.consumer_id in entry.excluded:
-            return False
-        if self._group_elsewhere(entry, consumer):
-            return False
-        if entry.msg is None and not self._load(entry):
-            return False
-        return consumer.accepts(entry)
-
-    def _group_elsewhere(self, entry: Entry, consumer: ConsumerPort) -> bool:
-        """Message groups (JMSXGroupID): a group sticks to one consumer while it
-        lives.  True when the entry's group belongs to a different consumer."""
-        group = entry.group
-        if group is None:
-            return False
-        owner = self._groups.get(group)
-        return owner is not None and owner is not consumer
 
     def _load(self, entry: Entry) -> bool:
         """Read a paged entry's body back.  A body that cannot be read or parsed (a
@@ -465,7 +409,7 @@ class Queue(PagedRegion, LimitedQueue, WaitingEntries, QueueBrowsers):
                     entry.excluded = set()
                 entry.excluded.add(entry.consumer.consumer_id)
             self._return(entry, delivery_failed=(outcome is Outcome.MODIFIED and delivery_failed))
-        if self._ready or self.paged_count:   # the settled one freed a consumer's slot
+        if self._ready.count or self.paged_count:   # the settled one freed a consumer's slot
             self.dispatch()
 
     def settle_late(self, entry: Entry, outcome: Outcome, *, delivery_failed: bool = False) -> LateAction:

@@ -82,6 +82,10 @@ class AmqpProtocol(asyncio.Protocol):
         self.handler: Any = None
         self.write_paused = False
         self.closed = False
+        # Counts what may change the peer's endpoint states (input pushed to the
+        # engine, a tick, the socket's end): a consumer that saw its link open at one
+        # count need not ask the engine again before the next (LinkConsumer.credit).
+        self.input_seq = 0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._timer_remote_idle = 0        # the peer's idle-timeout when the timer was armed
@@ -185,6 +189,7 @@ class AmqpProtocol(asyncio.Protocol):
             self._timer.cancel()
         self._end_handshake()
         was_closed, self.closed = self.closed, True   # before the engine's events: the socket is gone
+        self.input_seq += 1
         if self.transport is not None and not was_closed:
             self.transport.close_tail()
             self._process()
@@ -279,6 +284,7 @@ class AmqpProtocol(asyncio.Protocol):
                     break
                 continue
             chunk, view = view[:capacity], view[capacity:]
+            self.input_seq += 1
             n = lib.pn_transport_push(impl, ffi.from_buffer(chunk), len(chunk))
             if n != len(chunk):   # proton refused the bytes: a framing error
                 why = ffi.string(lib.pn_error_text(lib.pn_transport_error(impl))).decode(errors="replace")
@@ -428,6 +434,7 @@ class AmqpProtocol(asyncio.Protocol):
         self._timer = None
         if self.closed or self.transport is None:
             return
+        self.input_seq += 1
         self.transport.tick(self.loop.time())
         self._process()
         self.mark_dirty()   # a tick writes heartbeats without raising events

@@ -75,19 +75,27 @@ class LinkConsumer:
         self.closed = False
         self.max_unsettled = handler.server.settings.limits.max_unsettled_per_link
         self.ready = True              # False until the attach reply is sent (durable commit)
+        self._open_at = -1             # protocol.input_seq when peer_ending() was last False
         self.subscription: Any = None  # set by the subscription layer
 
     # --- ConsumerPort
 
     def credit(self) -> int:
+        """How many deliveries may go now (ConsumerPort): each uses exactly one, so a
+        queue may read this once for a run of entries."""
         if self.closed or not self.ready or self.handler.protocol.write_paused:
             return 0
-        if len(self.unsettled) >= self.max_unsettled:
+        room = self.max_unsettled - len(self.unsettled)
+        if room <= 0:
             return 0   # credit is a permission, not a duty (AMQP 1.0 §2.6.7): memory is bounded
         credit = link_credit(self.impl)
-        if credit > 0 and self.peer_ending():
-            return 0
-        return credit
+        if credit > 0:
+            seen = self.handler.protocol.input_seq
+            if self._open_at != seen:   # input came since we last looked
+                if self.peer_ending():
+                    return 0
+                self._open_at = seen
+        return credit if credit < room else room
 
     def peer_ending(self) -> bool:
         """The peer has closed this link, ended its session or closed the connection
