@@ -22,6 +22,25 @@ def make_message(body="x", *, publisher=None, arrival=None, **fields) -> Message
     return Message(PnMessage(body=body, **fields).encode(), publisher=publisher, arrival=arrival)
 
 
+def queue_of(n: int, **kw):
+    """A Queue holding messages with bodies 0 .. n-1 (kw: Queue's own)."""
+    from amqpbroker.core.queues import Queue
+    q = Queue(kw.pop("name", "q"), **kw)
+    for i in range(n):
+        q.enqueue(make_message(i))
+    return q
+
+
+class Clock:
+    """A settable clock for a Queue (`clock=`): tests move `t` forward."""
+
+    def __init__(self, t=1000.0):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
 class RecordingConsumer:
     """A ConsumerPort that records deliveries; credit is set by the test."""
 

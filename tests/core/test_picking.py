@@ -4,7 +4,7 @@ that it keeps every rule of the general round."""
 from __future__ import annotations
 
 from amqpbroker.core.queues import DISPATCH_SLICE, Outcome, Queue
-from tests.core.helpers import RecordingConsumer, bodies, make_message
+from tests.core.helpers import Clock, RecordingConsumer, bodies, make_message, queue_of
 
 
 class CountingConsumer(RecordingConsumer):
@@ -19,18 +19,8 @@ class CountingConsumer(RecordingConsumer):
         return super().credit()
 
 
-class Clock:
-    def __init__(self, t=1000.0):
-        self.t = t
-
-    def __call__(self):
-        return self.t
-
-
 def test_the_only_consumer_takes_a_run_in_order_reading_credit_once_per_run():
-    q = Queue("q")
-    for i in range(50):
-        q.enqueue(make_message(i))
+    q = queue_of(50)
     c = CountingConsumer(credit=20)
     q.add_consumer(c)
     assert bodies(c.delivered) == list(range(20))
@@ -63,9 +53,7 @@ def test_expired_entries_in_a_run_use_no_credit():
 
 
 def test_an_entry_the_only_consumer_refused_waits_while_later_ones_go_to_it():
-    q = Queue("q")
-    for i in range(3):
-        q.enqueue(make_message(i))
+    q = queue_of(3)
     c = RecordingConsumer(credit=1)
     q.add_consumer(c)
     first = c.delivered[0]
@@ -92,9 +80,7 @@ def test_a_run_stops_at_the_dispatch_slice_and_goes_on_next_turn():
 
 
 def test_several_consumers_still_split_one_entry_each_per_round():
-    q = Queue("q")
-    for i in range(8):
-        q.enqueue(make_message(i))
+    q = queue_of(8)
     a, b = RecordingConsumer(credit=0), RecordingConsumer(credit=0)
     q.add_consumer(a)
     q.add_consumer(b)

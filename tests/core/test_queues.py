@@ -5,17 +5,7 @@ from __future__ import annotations
 from proton import Message as PnMessage
 
 from amqpbroker.core.queues import Outcome, Queue
-from tests.core.helpers import NoStore, RecordingConsumer, bodies, make_message
-
-
-
-
-class Clock:
-    def __init__(self, t=1000.0):
-        self.t = t
-
-    def __call__(self):
-        return self.t
+from tests.core.helpers import Clock, NoStore, RecordingConsumer, bodies, make_message, queue_of
 
 
 def test_fifo_within_priority_and_higher_priority_first():
@@ -28,9 +18,7 @@ def test_fifo_within_priority_and_higher_priority_first():
 
 
 def test_no_delivery_without_credit_then_credit_releases_exactly_that_many():
-    q = Queue("q")
-    for i in range(5):
-        q.enqueue(make_message(i))
+    q = queue_of(5)
     c = RecordingConsumer(credit=0)
     q.add_consumer(c)
     assert c.delivered == []
@@ -91,9 +79,7 @@ def test_undeliverable_here_goes_to_another_consumer_only():
 
 
 def _two_consumers_holding_four():
-    q = Queue("q")
-    for i in range(4):
-        q.enqueue(make_message(i))
+    q = queue_of(4)
     a = RecordingConsumer(credit=2)
     b = RecordingConsumer(credit=2)
     q.add_consumer(a)
@@ -206,9 +192,7 @@ def test_message_groups_stick_to_one_consumer_then_move():
 
 
 def test_purge_removes_ready_entries():
-    q = Queue("q")
-    for i in range(3):
-        q.enqueue(make_message(i))
+    q = queue_of(3)
     assert q.purge() == 3 and q.depth == 0 and q.bytes == 0
 
 

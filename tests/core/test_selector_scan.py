@@ -9,15 +9,7 @@ from proton import symbol
 
 from amqpbroker.core.entries import Entry, ReadyList
 from amqpbroker.core.queues import DISPATCH_SLICE, SCAN_BUDGET, Outcome, Queue
-from tests.core.helpers import RecordingConsumer, bodies, make_message
-
-
-class Clock:
-    def __init__(self, t=1000.0):
-        self.t = t
-
-    def __call__(self):
-        return self.t
+from tests.core.helpers import Clock, RecordingConsumer, bodies, make_message
 
 
 def colour(e) -> str:
