@@ -5,7 +5,14 @@ from __future__ import annotations
 from proton import Message as PnMessage
 
 from amqpbroker.core.queues import Outcome, Queue
-from tests.core.helpers import Clock, NoStore, RecordingConsumer, bodies, make_message, queue_of
+from tests.core.helpers import (
+    Clock,
+    NoStore,
+    RecordingConsumer,
+    bodies,
+    make_message,
+    queue_of,
+)
 
 
 def test_fifo_within_priority_and_higher_priority_first():
