@@ -60,14 +60,35 @@ def wait_for(predicate, timeout: float = 15.0, what: str = "condition"):
         time.sleep(0.1)
 
 
+def table_rows(driver, table: str) -> list:
+    """(data-name, [cell texts], class) of every row, read in one script: the console
+    re-renders its tables as it refreshes, and elements found one call earlier may
+    be gone by the next."""
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0]))"
+        ".map(r => [r.dataset.name, Array.from(r.cells).map(td => td.innerText.trim()), r.className]);",
+        f"#{table} tbody tr")
+
+
+def cells_of(driver, table: str, name: str) -> list | None:
+    return next((cells for n, cells, _ in table_rows(driver, table) if n == name), None)
+
+
+def click_in_row(driver, table: str, name: str, css: str) -> None:
+    """Click a button of a row, finding the row again when a refresh replaced it."""
+    from selenium.webdriver.common.by import By
+    wait_for(lambda: row(driver, table, name).find_element(By.CSS_SELECTOR, css).click() or True,
+             what=f"{css} of {name}")
+
+
 def row(driver, table: str, name: str):
     from selenium.webdriver.common.by import By
     rows = driver.find_elements(By.CSS_SELECTOR, f"#{table} tbody tr")
     return next((r for r in rows if r.get_attribute("data-name") == name), None)
 
 
-def click_and_confirm(driver, element) -> str:
-    element.click()
+def click_and_confirm(driver, table: str, name: str, css: str) -> str:
+    click_in_row(driver, table, name, css)
     alert = wait_for(lambda: _alert(driver), what="the confirm dialog")
     text = alert.text
     alert.accept()
@@ -95,10 +116,9 @@ def test_console_deletes_an_abandoned_subscription(broker, driver):
 
     driver.get(mgmt + "/")
     assert driver.title == "amqpbroker console"
-    tr = wait_for(lambda: row(driver, "subscriptions", sub), what="the subscription row")
-    cells = [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+    cells = wait_for(lambda: cells_of(driver, "subscriptions", sub), what="the subscription row")
     assert cells[1] == cid and cells[2] == f"amq.topic/{topic}" and cells[5] == "1" and cells[6] == "1"
-    assert "abandoned" not in tr.get_attribute("class")
+    assert all("abandoned" not in cls for n, _, cls in table_rows(driver, "subscriptions") if n == sub)
     wait_for(lambda: any(r.get_attribute("data-container") == cid
                          for r in driver.find_elements(By.CSS_SELECTOR, "#connections tbody tr")),
              what="the connection row")
@@ -109,10 +129,10 @@ def test_console_deletes_an_abandoned_subscription(broker, driver):
     idle.clear()
     idle.send_keys("0s")
     driver.execute_script("document.getElementById('idle').dispatchEvent(new Event('change'))")
-    tr = wait_for(lambda: (r := row(driver, "subscriptions", sub)) is not None
-                  and "abandoned" in r.get_attribute("class") and r, what="the abandoned highlight")
+    wait_for(lambda: any(n == sub and "abandoned" in cls for n, _, cls in table_rows(driver, "subscriptions")),
+             what="the abandoned highlight")
 
-    text = click_and_confirm(driver, tr.find_element(By.CSS_SELECTOR, "button.delete"))
+    text = click_and_confirm(driver, "subscriptions", sub, "button.delete")
     assert sub in text and "1 pending message" in text
     wait_for(lambda: row(driver, "subscriptions", sub) is None, what="the row to go")
     assert not driver.find_element(By.ID, "error").is_displayed()
@@ -126,7 +146,6 @@ def test_console_deletes_an_abandoned_subscription(broker, driver):
 
 
 def test_console_purges_a_queue_and_refreshes_live(broker, driver):
-    from selenium.webdriver.common.by import By
 
     mgmt = f"http://127.0.0.1:{broker.ports['management']}"
     q = uniq("console-q")
@@ -136,12 +155,10 @@ def test_console_purges_a_queue_and_refreshes_live(broker, driver):
     for i in range(3):
         snd.send(Message(body=i))
     # No reload: the 2 s poll brings the new queue in.
-    tr = wait_for(lambda: (r := row(driver, "queues", q)) is not None
-                  and r.find_elements(By.TAG_NAME, "td")[1].text == "3" and r, what="the queue row")
-    click_and_confirm(driver, tr.find_element(By.CSS_SELECTOR, "button.purge"))
+    wait_for(lambda: (cells_of(driver, "queues", q) or [None, None])[1] == "3", what="the queue row")
+    click_and_confirm(driver, "queues", q, "button.purge")
     wait_for(lambda: httpx.get(f"{mgmt}/api/queues/{q}", timeout=10).json()["depth"] == 0, what="the purge")
-    wait_for(lambda: row(driver, "queues", q).find_elements(By.TAG_NAME, "td")[1].text == "0",
-             what="the refreshed depth")
+    wait_for(lambda: (cells_of(driver, "queues", q) or [None, None])[1] == "0", what="the refreshed depth")
     conn.close()
 
 
@@ -153,8 +170,8 @@ def test_console_shows_api_errors(broker, driver):
     conn = connect(broker.url, container_id=cid)
     shared_consumer(conn, f"amq.topic/{topic}", sub, credit=0)
     driver.get(mgmt + "/console/")
-    tr = wait_for(lambda: row(driver, "subscriptions", sub), what="the subscription row")
-    tr.find_element(By.CSS_SELECTOR, "button.delete").click()
+    wait_for(lambda: row(driver, "subscriptions", sub), what="the subscription row")
+    click_in_row(driver, "subscriptions", sub, "button.delete")
     wait_for(lambda: _alert(driver), what="confirm").accept()
     second = wait_for(lambda: _alert(driver), what="the force question")
     assert "consumer(s) attached" in second.text
@@ -182,7 +199,7 @@ def test_console_pages_filters_and_sorts_queues(broker, driver):
     conn.close()
 
     def shown():
-        return [r.get_attribute("data-name") for r in driver.find_elements(By.CSS_SELECTOR, "#queues tbody tr")]
+        return [r[0] for r in table_rows(driver, "queues")]
 
     def page_text():
         return driver.find_element(By.ID, "queue-page").text
@@ -190,21 +207,19 @@ def test_console_pages_filters_and_sorts_queues(broker, driver):
     driver.get(mgmt + "/console/")
     box = wait_for(lambda: driver.find_element(By.ID, "queue-filter"), what="the filter box")
     box.send_keys(prefix)
-    wait_for(lambda: page_text() == "1–50 of 57", what="the first page of the filtered queues")
-    assert shown() == [f"{prefix}-{i:02d}" for i in range(50)]
+    wait_for(lambda: page_text() == "1–50 of 57" and shown() == [f"{prefix}-{i:02d}" for i in range(50)],
+             what="the first page of the filtered queues")
     assert driver.find_element(By.ID, "queue-count").text == "57"
     assert driver.find_element(By.ID, "queue-prev").get_attribute("disabled") is not None
 
     driver.find_element(By.ID, "queue-next").click()
-    wait_for(lambda: page_text() == "51–57 of 57", what="the second page")
-    assert shown() == [f"{prefix}-{i:02d}" for i in range(50, 57)]
+    wait_for(lambda: page_text() == "51–57 of 57" and shown() == [f"{prefix}-{i:02d}" for i in range(50, 57)],
+             what="the second page")
     assert driver.find_element(By.ID, "queue-next").get_attribute("disabled") is not None
 
     Select(driver.find_element(By.ID, "queue-sort")).select_by_value("depth")
     wait_for(lambda: page_text() == "1–50 of 57" and shown()[:1] == [f"{prefix}-33"], what="deepest first")
-    tr = next(r for r in driver.find_elements(By.CSS_SELECTOR, "#queues tbody tr")
-              if r.get_attribute("data-name") == f"{prefix}-33")
-    assert tr.find_elements(By.TAG_NAME, "td")[1].text == "4"
+    assert cells_of(driver, "queues", f"{prefix}-33")[1] == "4"
 
     box.clear()
     box.send_keys(f"{prefix}-1?")
@@ -226,12 +241,14 @@ def test_console_browses_a_queue_and_moves_its_messages(broker, driver):
     for i in range(3):
         snd.send(Message(body=f"hello-{i}", subject="greeting", properties={"i": i}))
     driver.get(mgmt + "/console/")
-    tr = wait_for(lambda: row(driver, "queues", src), what="the queue row")
-    tr.find_element(By.CSS_SELECTOR, "button.browse").click()
-    wait_for(lambda: len(driver.find_elements(By.CSS_SELECTOR, "#messages tbody tr[data-seq]")) == 3,
-             what="the messages panel")
-    cells = driver.find_elements(By.CSS_SELECTOR, "#messages tbody tr[data-seq]")[0].find_elements(By.TAG_NAME, "td")
-    assert cells[3].text == "greeting" and cells[8].text == "hello-0" and '"i":0' in cells[6].text
+    wait_for(lambda: row(driver, "queues", src), what="the queue row")
+    click_in_row(driver, "queues", src, "button.browse")
+    shown = wait_for(lambda: (rows := driver.execute_script(
+        "return Array.from(document.querySelectorAll('#messages tbody tr[data-seq]'))"
+        ".map(r => Array.from(r.cells).map(td => td.innerText.trim()));")) and len(rows) == 3 and rows,
+        what="the messages panel")
+    cells = shown[0]
+    assert cells[3] == "greeting" and cells[8] == "hello-0" and '"i":0' in cells[6]
     assert httpx.get(f"{mgmt}/api/queues/{src}", timeout=10).json()["delivered_total"] == 0
     driver.find_element(By.ID, "messages-move").click()
     prompt = wait_for(lambda: _alert(driver), what="the move prompt")
