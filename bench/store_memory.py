@@ -27,13 +27,15 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from backlog import kill_now  # noqa: E402  (bench/backlog.py)
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -225,12 +227,7 @@ def main() -> int:
         if store.exists():
             print(f"        data.mdb {store.stat().st_size / MB:.1f} MB")
     finally:
-        if proc is not None and proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(10)
+        kill_now(proc)
         if args.keep_tmp:
             print(f"kept {tmp}", file=sys.stderr)
         else:
