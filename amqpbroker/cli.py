@@ -33,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
                                  "(see `amqpbroker admin --help`)", add_help=False)
     sub.add_parser("store", help="check, back up or restore a store "
                                  "(see `amqpbroker store --help`)", add_help=False)
+    from .client_cli import add_parsers
+    add_parsers(sub)                                   # send, receive
     sub.add_parser("config", help="check a configuration file, print the configuration reference "
                                   "(see `amqpbroker config --help`)", add_help=False)
     return p
@@ -50,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         from .config_tool import main as config_main
         return config_main(argv[1:])
     args = _parser().parse_args(argv)
+    if args.command in ("send", "receive"):
+        from .client_cli import main as client_main
+        return client_main(args)
     if args.command == "hash-password":
         from .security.users import hash_password
         print(hash_password(args.password or getpass.getpass("password: ")))
