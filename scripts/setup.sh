@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Install what amqpbroker needs on a fresh Debian/Ubuntu machine: the system
 # libraries python-qpid-proton compiles against (OpenSSL for TLS, Cyrus SASL),
-# a virtualenv in .venv, and the package with the extras in AMQPBROKER_EXTRAS
-# (default: test,spark — what the test suite needs; empty for just the broker).
+# a virtualenv in .venv, and the package (editable: this clone) with the extras in
+# AMQPBROKER_EXTRAS (default: test,spark,ha — what the test suite needs; empty for
+# just the broker, as scripts/run.sh does; `spark` alone for the Spark example,
+# with a Java runtime).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,6 +20,8 @@ case ",$extras," in *,test,*) pkgs+=(chromium chromium-driver)
   command -v npm >/dev/null || pkgs+=(nodejs npm) ;; esac
 # zookeeper (Debian, 3.8) + a JRE: the HA tests start a real ZooKeeper (tests/e2e/ha_harness.py).
 case ",$extras," in *,test,*) pkgs+=(zookeeper default-jre-headless) ;; esac
+# Spark runs on a Java runtime (17 or later: Debian 12's default-jre-headless is 17).
+case ",$extras," in *,spark,*) command -v java >/dev/null || pkgs+=(default-jre-headless) ;; esac
 need_pkgs=()
 for pkg in "${pkgs[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_pkgs+=("$pkg")
