@@ -148,7 +148,7 @@ def toml_section(section: str) -> str:
     return f"[{section}]"
 
 
-def problem_line(root: type[BaseModel], error: Mapping[str, Any], environ: Mapping[str, str] = {}) -> str:
+def problem_line(root: type[BaseModel], error: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> str:
     """One line for one pydantic error: the key as a dotted path, what is wrong,
     for an unknown key the nearest known one, and the environment variable when
     one of that name is set (the environment wins over the file)."""
@@ -160,13 +160,13 @@ def problem_line(root: type[BaseModel], error: Mapping[str, Any], environ: Mappi
     else:
         line = f"invalid setting '{where}': {error.get('msg')}"
     variable = env_name(".".join(str(p) for p in loc)) if loc else ""
-    if variable and variable in {name.upper() for name in environ}:
+    if variable and variable in {name.upper() for name in environ or {}}:
         line += f" (from the environment variable {variable})"
     return line
 
 
 def problem_lines(root: type[BaseModel], errors: list[Mapping[str, Any]],
-                  environ: Mapping[str, str] = {}) -> list[str]:
+                  environ: Mapping[str, str] | None = None) -> list[str]:
     """A line per error; a required key reported missing next to an unknown key that
     is its misspelling is said once (the unknown key's line names it)."""
     misspelt = set()
