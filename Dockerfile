@@ -26,9 +26,15 @@ RUN python3 -m venv /opt/amqpbroker \
     && (getent passwd amqp >/dev/null || useradd --system --uid 10001 --gid amqp --home-dir /data --shell /usr/sbin/nologin amqp) \
     && mkdir -p /data && chown amqp:amqp /data
 
+# Listeners on every interface: published ports (`-p 5672:5672 -p 8161:8161`) reach them.
+# On 0.0.0.0 the broker offers SASL SCRAM-SHA-256 only (ANONYMOUS with
+# AMQPBROKER_ALLOW_ANONYMOUS=true; PLAIN on the TLS listener), and the management API
+# answers other hosts only once a user with the manage permission is configured; it
+# logs how otherwise (docs/deploy.md).
 ENV PATH=/opt/amqpbroker/bin:$PATH \
     AMQPBROKER_HOST=0.0.0.0 \
     AMQPBROKER_PORT=5672 \
+    AMQPBROKER_MANAGEMENT__HOST=0.0.0.0 \
     AMQPBROKER_DATA_DIR=/data \
     PYTHONUNBUFFERED=1
 

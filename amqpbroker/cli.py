@@ -7,6 +7,7 @@ import asyncio
 import gc
 import getpass
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -32,6 +33,10 @@ def _parser() -> argparse.ArgumentParser:
                                  "(see `amqpbroker admin --help`)", add_help=False)
     sub.add_parser("store", help="check, back up or restore a store "
                                  "(see `amqpbroker store --help`)", add_help=False)
+    from .client_cli import add_parsers
+    add_parsers(sub)                                   # send, receive
+    sub.add_parser("config", help="check a configuration file, print the configuration reference "
+                                  "(see `amqpbroker config --help`)", add_help=False)
     return p
 
 
@@ -43,7 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["store"]:
         from .store.tool import main as store_main
         return store_main(argv[1:])
+    if argv[:1] == ["config"]:
+        from .config_tool import main as config_main
+        return config_main(argv[1:])
     args = _parser().parse_args(argv)
+    if args.command in ("send", "receive"):
+        from .client_cli import main as client_main
+        return client_main(args)
     if args.command == "hash-password":
         from .security.users import hash_password
         print(hash_password(args.password or getpass.getpass("password: ")))
@@ -52,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings(args.config, **overrides)
     except ConfigError as exc:
-        print(f"amqpbroker: {exc}", file=sys.stderr)
+        for line in exc.problems:             # one line each, naming the key
+            print(f"amqpbroker: {line}", file=sys.stderr)
         return 2
     # A reload reads the same file with the same command-line flags.
     return serve(settings, config_file=args.config, overrides=overrides)
@@ -61,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
 def serve(settings: Settings, *, config_file: Path | None = None, overrides: dict | None = None) -> int:
     logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .config_help import unknown_environment
+    for line in unknown_environment(Settings, os.environ):   # AMQPBROKER_* names that set nothing
+        log.warning("%s", line)
     try:
         import uvloop
         loop = uvloop.new_event_loop()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import ipaddress
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,14 +21,24 @@ from pydantic_settings import (
 )
 
 
+class StrictModel(BaseModel):
+    """The base of every settings section: an unknown key is an error, never
+    silently ignored (a misspelt `[[acl]] permisions` must not start a broker that
+    grants nothing, or everything).  `load_settings` turns the error into one line
+    with a "did you mean" suggestion.  tests/test_config_strict.py checks that every
+    model reachable from `Settings` forbids unknown keys, this base or not."""
+    model_config = ConfigDict(extra="forbid")
+
+
 class ClientIdPolicy(str, enum.Enum):
-    """WebLogic's client-id policy (seed 003): `restricted` allows one connection per
-    container-id when the client asks for sole-connection-for-container."""
+    """WebLogic's client-id policy: `restricted` allows one connection per container-id
+    when the client asks for sole-connection-for-container (Qpid JMS turns the refusal
+    into InvalidClientIDException)."""
     RESTRICTED = "restricted"
     UNRESTRICTED = "unrestricted"
 
 
-class TlsConfig(BaseModel):
+class TlsConfig(StrictModel):
     host: str = "127.0.0.1"
     port: int = Field(5671, ge=0, le=65535)
     cert_file: Path
@@ -61,7 +72,7 @@ class WebSocketConfig(BaseModel):
         return self
 
 
-class UserConfig(BaseModel):
+class UserConfig(StrictModel):
     # A hash from `amqpbroker hash-password` (scram-sha-256$…); plaintext is accepted
     # and hashed at start-up, but a production config should store hashes only.
     # None: the user authenticates with a TLS client certificate only (SASL EXTERNAL).
@@ -69,7 +80,7 @@ class UserConfig(BaseModel):
     groups: list[str] = []
 
 
-class LimitsConfig(BaseModel):
+class LimitsConfig(StrictModel):
     max_connections: int = Field(10_000, ge=1)
     max_sessions_per_connection: int = Field(256, ge=1)     # also the advertised channel-max + 1
     max_links_per_connection: int = Field(4096, ge=1)
@@ -99,7 +110,7 @@ class LimitsConfig(BaseModel):
     # the memory and disk alarms.  docs/operations.md "Queue limits and overflow".)
 
 
-class PolicyConfig(BaseModel):
+class PolicyConfig(StrictModel):
     auto_create_queues: bool = True
     max_delivery_attempts: int = Field(0, ge=0)              # 0: unlimited
     dead_letter_address: str | None = None
@@ -109,7 +120,7 @@ class PolicyConfig(BaseModel):
     max_queues_per_user: int = Field(0, ge=0)
 
 
-class StoreConfig(BaseModel):
+class StoreConfig(StrictModel):
     enabled: bool = True                                      # false: nothing survives a restart
     initial_map_size: int = Field(64 << 20, ge=1 << 20)       # bytes; the map doubles as needed
     max_map_size: int = Field(64 << 30, ge=1 << 20)           # bytes; beyond: resource-limit-exceeded
@@ -167,7 +178,7 @@ class HaConfig(BaseModel):
     backup_timeout: float = Field(5.0, gt=0)
 
 
-class ExchangeDecl(BaseModel):
+class ExchangeDecl(StrictModel):
     name: str
     type: Literal["direct", "topic", "fanout"] = "topic"
     durable: bool = True
@@ -176,7 +187,7 @@ class ExchangeDecl(BaseModel):
 _OVERFLOW = Literal["block", "reject", "drop-head"]
 
 
-class _LimitFields(BaseModel):
+class _LimitFields(StrictModel):
     """Queue limits (core/limits.py): 0 is no limit; `overflow` says what a message
     meets when the queue is full (docs/operations.md "Queue limits and overflow")."""
     max_depth: int = Field(0, ge=0)                           # messages held
@@ -226,13 +237,13 @@ class QueueDecl(BaseModel):
         return QueueLimits(self.max_depth or 0, self.max_bytes or 0, Overflow(self.overflow or "block"))
 
 
-class BindingDecl(BaseModel):
+class BindingDecl(StrictModel):
     exchange: str
     queue: str
     key: str = ""
 
 
-class ManagementConfig(BaseModel):
+class ManagementConfig(StrictModel):
     """The management listener: REST API, console, /metrics (docs/operations.md)."""
     enabled: bool = True
     host: str = "127.0.0.1"
@@ -254,7 +265,7 @@ class ManagementConfig(BaseModel):
         return self
 
 
-class ExpiryPolicyDecl(BaseModel):
+class ExpiryPolicyDecl(StrictModel):
     pattern: str
     idle: float | None = None                                # seconds, or text like "7d"
     max_backlog: int | None = Field(None, ge=0)
@@ -277,7 +288,7 @@ class ExpiryPolicyDecl(BaseModel):
 _PERMISSION = Literal["send", "consume", "browse", "manage", "all"]
 
 
-class AclRuleDecl(BaseModel):
+class AclRuleDecl(StrictModel):
     user: str | None = None
     group: str | None = None
     pattern: str = "#"
@@ -290,12 +301,12 @@ class AclRuleDecl(BaseModel):
         return self
 
 
-class AnonymousDecl(BaseModel):
+class AnonymousDecl(StrictModel):
     permissions: list[_PERMISSION] = []
     pattern: str = "#"
 
 
-class DuplicateDetectionDecl(BaseModel):
+class DuplicateDetectionDecl(StrictModel):
     pattern: str                                              # fnmatch glob on the address
     window: int = Field(100_000, ge=1)                        # ids remembered per address
 
@@ -353,20 +364,25 @@ _CONFIG_FILE: dict[str, Path | None] = {"path": None}
 
 
 class ConfigError(Exception):
-    """A configuration problem, with one line a person can act on."""
+    """A configuration problem, with one line a person can act on per problem
+    (`problems`); str() joins them on one line (a log line, an API answer)."""
+
+    def __init__(self, *problems: str):
+        super().__init__("; ".join(problems))
+        self.problems = list(problems)
 
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
-    """Load settings; raise ConfigError naming the offending field."""
+    """Load settings; raise ConfigError naming each offending field (an unknown key
+    with the nearest known one: config_help.py)."""
     if config_file is not None and not Path(config_file).is_file():
         raise ConfigError(f"config file {config_file} does not exist")
     _CONFIG_FILE["path"] = Path(config_file) if config_file else None
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        raise ConfigError(f"invalid setting '{field}': {err['msg']}") from None
+        from .config_help import problem_lines
+        raise ConfigError(*problem_lines(Settings, exc.errors(), os.environ)) from None
     except (ValueError, OSError) as exc:  # TOML syntax errors
         raise ConfigError(f"cannot read config {config_file}: {exc}") from None
     finally:

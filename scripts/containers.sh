@@ -3,7 +3,7 @@
 #
 #   scripts/containers.sh up      install + start a Docker engine (host networking only)
 #   scripts/containers.sh build   base image (if absent), wheels, broker + interop images
-#   scripts/containers.sh compose docker-compose: the interop suite against the broker container
+#   scripts/containers.sh compose the interop suite against the broker container (compose.yaml)
 #   scripts/containers.sh down    remove containers, stop the engine we started
 #
 # No image registry is reachable on the build machines: the base image is made
@@ -32,7 +32,8 @@ debian_mirror() {
 }
 
 engine_up() {
-  if ! command -v dockerd >/dev/null || ! command -v docker-compose >/dev/null || ! command -v debootstrap >/dev/null; then
+  if ! command -v dockerd >/dev/null || ! { docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null; } \
+      || ! command -v debootstrap >/dev/null; then
     log "installing docker.io, docker-compose, debootstrap"
     $SUDO apt-get update -qq
     $SUDO env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
@@ -110,6 +111,12 @@ engine_down() {
   fi
 }
 
+compose() {
+  # Compose v2 (`docker compose`) when the engine has it, else the standalone
+  # `docker-compose` (Debian 12 packages 1.29, which reads compose.yaml as well).
+  if docker compose version >/dev/null 2>&1; then docker compose "$@"; else docker-compose "$@"; fi
+}
+
 free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
@@ -121,8 +128,8 @@ compose_interop() {
   AMQP_PORT=$(free_port)
   MANAGEMENT_PORT=$(free_port)
   log "compose interop run (AMQP port $AMQP_PORT)"
-  docker-compose -p "$project" up --no-build --abort-on-container-exit --exit-code-from interop || status=$?
-  docker-compose -p "$project" down -v >/dev/null 2>&1 || true
+  compose -p "$project" up --no-build --abort-on-container-exit --exit-code-from interop || status=$?
+  compose -p "$project" down -v >/dev/null 2>&1 || true
   return $status
 }
 

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Install what amqpbroker needs on a fresh Debian/Ubuntu machine: the system
 # libraries python-qpid-proton compiles against (OpenSSL for TLS, Cyrus SASL),
-# a virtualenv in .venv, and the package with the extras in AMQPBROKER_EXTRAS
-# (default: test,spark — what the test suite needs; empty for just the broker).
+# a virtualenv in .venv, and the package (editable: this clone) with the extras in
+# AMQPBROKER_EXTRAS (default: test,spark,ha — what the test suite needs; empty for
+# just the broker, as scripts/run.sh does; `spark` alone for the Spark example,
+# with a Java runtime).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,6 +20,8 @@ case ",$extras," in *,test,*) pkgs+=(chromium chromium-driver)
   command -v npm >/dev/null || pkgs+=(nodejs npm) ;; esac
 # zookeeper (Debian, 3.8) + a JRE: the HA tests start a real ZooKeeper (tests/e2e/ha_harness.py).
 case ",$extras," in *,test,*) pkgs+=(zookeeper default-jre-headless) ;; esac
+# Spark runs on a Java runtime (17 or later: Debian 12's default-jre-headless is 17).
+case ",$extras," in *,spark,*) command -v java >/dev/null || pkgs+=(default-jre-headless) ;; esac
 need_pkgs=()
 for pkg in "${pkgs[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_pkgs+=("$pkg")
@@ -39,5 +43,17 @@ fi
 case ",$extras," in *,test,*)
   [ -d tests/e2e/wsclient/node_modules/ws ] || (cd tests/e2e/wsclient && npm ci --no-audit --no-fund --loglevel=error) ;;
 esac
-# proton silently builds without TLS when OpenSSL headers are missing: fail loudly.
-.venv/bin/python -c "import proton, sys; sys.exit(0 if proton.SSL.present() else 'python-qpid-proton was built without TLS')"
+# python-qpid-proton compiles its C core at install time and silently leaves out TLS
+# without the OpenSSL headers, and SCRAM without the Cyrus SASL headers; pip then
+# reuses that wheel from its cache even once the headers are there.  Check both (a
+# real SCRAM-SHA-256 exchange in memory), rebuild once from source without the
+# cache when something is missing, and fail loudly if it still is.
+if ! .venv/bin/python scripts/check_proton.py; then
+  proton_req=$(.venv/bin/python -c "from importlib.metadata import requires; print(next(r for r in requires('amqpbroker') if r.startswith('python-qpid-proton')))")
+  echo "setup: rebuilding ${proton_req} from source without pip's cache" >&2
+  .venv/bin/python -m pip install -q --no-cache-dir --force-reinstall --no-deps \
+    --no-binary python-qpid-proton "${proton_req}"
+  .venv/bin/python scripts/check_proton.py || {
+    echo "setup: python-qpid-proton still lacks TLS or SCRAM: are libssl-dev, libsasl2-dev and" \
+         "libsasl2-modules installed?" >&2; exit 1; }
+fi

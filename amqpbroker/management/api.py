@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..core.limits import Overflow, QueueLimits
 from .admin import AdminError
 from .auth import Principal
+from .docs_ui import add_api_docs
 from .expiry import parse_duration
 from .ha import ha_view
 from .exposition import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -303,7 +304,9 @@ def build_app(ops: "Operations") -> FastAPI:
                   responses={400: {"model": ErrorBody}, 401: {"model": ErrorBody},
                              403: {"model": ErrorBody}, 404: {"model": ErrorBody},
                              409: {"model": ErrorBody}, 415: {"model": ErrorBody},
-                             421: {"model": ErrorBody}})
+                             421: {"model": ErrorBody}},
+                  docs_url=None, redoc_url=None)     # served from here, not a CDN: docs_ui.py
+    add_api_docs(app)
     m = ops.settings.management
     app.add_middleware(RequestGuard, policy=HostPolicy(m.host, m.allowed_hosts))
     auth = Depends(ops.authenticator)

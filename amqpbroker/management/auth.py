@@ -98,7 +98,8 @@ class Authenticator:
         if not guard.enabled:
             if not is_loopback(address):
                 raise AdminError("without access control configured, the management API "
-                                 "answers loopback clients only", 403)
+                                 "answers loopback clients only: configure a user and an [[acl]] "
+                                 "rule granting manage (docs/deploy.md)", 403)
             return Principal(None, frozenset(), self.ops)
         user, password = None, ""
         try:

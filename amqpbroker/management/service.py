@@ -142,9 +142,26 @@ class Operations:
         self.host, self.port = m.host, sock.getsockname()[1]
         log.info("management listening on %s:%d (%s)", self.host, self.port,
                  "https" if m.cert_file else "http")
-        if not self.managed.access.enabled and not is_loopback(m.host):
-            log.warning("management API on %s without access control ([[acl]]): it answers "
-                        "loopback clients only", m.host)
+        if not is_loopback(m.host):
+            self._warn_unreachable(m.host)
+
+    def _warn_unreachable(self, host: str) -> None:
+        """A listener on the network that no one outside may use says so, and how
+        to change that (a container publishing 8161 reaches nothing otherwise)."""
+        access = self.managed.access
+        how = ("add a user and an [[acl]] rule granting manage, e.g. AMQPBROKER_USERS__ADMIN__PASSWORD="
+               "<from `amqpbroker hash-password`> and AMQPBROKER_ACL='[{\"user\": \"admin\", "
+               "\"permissions\": [\"manage\"]}]' (with ACLs on, AMQP users need rules too: "
+               "docs/deploy.md)")
+        if not access.enabled:
+            log.warning("management API on %s answers loopback clients only: no access control "
+                        "([[acl]]) is configured; to manage from elsewhere, %s", host, how)
+            return
+        users = self.settings.users
+        if not any(access.policy.can_manage_any(name, u.groups) for name, u in users.items()) \
+                and not access.policy.can_manage_any(None, ()):
+            log.warning("management API on %s: no user has the manage permission, every request "
+                        "is refused; %s", host, how)
 
     # ------------------------------------------------------------------ live reload
 

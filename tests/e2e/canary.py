@@ -7,6 +7,14 @@ at full speed, a scraper) must not show up as broker latency through the GIL.
     with Canary(broker) as canary:
         attack()
     canary.assert_served(max_rtt=0.1)      # or canary.report.worst, .quantile(0.99)
+
+On a busy machine an absolute bound fails by chance (a 112 ms round trip against
+100 ms).  Compare instead with a control canary of another, idle broker over the
+same seconds, which meets the same machine load but not the attack:
+
+    with Canary(idle_broker) as control, Canary(broker) as canary:
+        attack()
+    canary.assert_like(control)
 """
 
 from __future__ import annotations
@@ -114,6 +122,28 @@ class Canary:
         if not result:
             raise RuntimeError("the canary made no round trip")
         self.report = CanaryReport(result)
+
+    def assert_like(self, control: "Canary", min_round_trips: int = 5, floor: float = 0.1) -> None:
+        """The attack did not slow this canary down beyond what the machine did to
+        `control`: a canary of another, idle broker, run over the same seconds (same
+        machine, same load, no attack).  A round trip is slow above `floor` or 3 ×
+        the control's p99, whichever is more; this canary may have twice as many slow
+        ones as the control, plus one (scheduling spikes on a busy machine hit both
+        alike, not the same round trips), and none beyond max(0.5 s, 5 × the control's
+        worst).  A broker loop held for a throttle's wait, or slowed by every byte of a
+        flood, shows as several slow round trips or one very long one here only."""
+        mine, other = self.report, control.report
+        assert mine is not None and other is not None, "use both canaries in `with`"
+        assert len(mine.samples) >= min_round_trips and len(other.samples) >= min_round_trips, \
+            "too few round trips"
+        slow = max(floor, 3 * other.quantile(0.99))
+        slow_here = [round(t, 3) for t in mine.rtts if t > slow]
+        allowed = 2 * sum(1 for t in other.rtts if t > slow) + 1
+        ceiling = max(0.5, 5 * other.worst)
+        detail = f"control: {other.summary()}; this: {mine.summary()}"
+        assert len(slow_here) <= allowed, \
+            f"{len(slow_here)} round trips over {slow * 1000:.0f} ms {slow_here}, {allowed} allowed ({detail})"
+        assert mine.worst <= ceiling, f"a round trip of {mine.worst * 1000:.0f} ms ({detail})"
 
     def assert_served(self, max_rtt: float = 0.1, min_round_trips: int = 5) -> None:
         """Every round trip completed (the child reports failures at exit), none slower
