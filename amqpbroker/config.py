@@ -39,8 +39,18 @@ class TlsConfig(BaseModel):
     # EXTERNAL is offered: the certificate names the user (security/certs.py).
     client_ca_file: Path | None = None
     cert_user: Literal["cn", "subject"] = "cn"    # the user: the subject's CN, or the RFC 4514 subject
-    # Subject (RFC 4514, "CN=app1,O=Example") or CN → user name; checked before cert_user.
-    cert_users: dict[str, str] = {}
+    # Whole subjects (RFC 4514 DNs, "CN=app1,O=Example") → user name; compared as DNs
+    # (security/certs.py), never with a CN.  Checked before cert_user.
+    cert_users: dict[str, str] = Field({}, description="subject DN (RFC 4514) -> user; keys must be DNs")
+    cert_cn_users: dict[str, str] = Field({}, description="common name -> user, for subjects with one CN; "
+                                                          "never compared with a DN")
+
+    @field_validator("cert_users")
+    @classmethod
+    def _dn_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        from .security.certs import CertIdentities
+        CertIdentities.from_settings("cn", value)     # ValueError names the key that is no DN
+        return value
 
 
 class WebSocketConfig(BaseModel):

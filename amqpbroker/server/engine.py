@@ -116,7 +116,10 @@ class AmqpProtocol(asyncio.Protocol):
             sock.abort()
             return
         self._handshaking = True
-        self.handshake = Handshake(self.listener.sasl_policy, self.server.users, clock=self.loop.time,
+        # The user store in force when the client authenticates, not at accept (a
+        # live reload may remove a user meanwhile).
+        server = self.server
+        self.handshake = Handshake(self.listener.sasl_policy, lambda: server.users, clock=self.loop.time,
                                    external=self.listener.external_identity(sock))
         self.server.protocols.add(self)
         # One deadline from accept to the AMQP open: SASL, the protocol header and the

@@ -17,7 +17,7 @@ from ..config import ConfigError, Settings, load_settings
 from ..core.limits import LimitRule
 from ..security.guard import groups_from, policy_from
 from ..security.reload import UNAUTHORIZED, LiveConnection, LiveLink, ReloadError, ReloadPlan, plan
-from ..security.users import UserStore
+from ..security.users import UserStore, users_from
 from .terminus import read_source, read_target
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ class ConfigReloader:
         except ConfigError as exc:
             raise ReloadError(str(exc)) from None
         try:
-            users = UserStore({n: u.password for n, u in new.users.items() if u.password is not None})
+            users = users_from(new.users)
         except ValueError as exc:
             raise ReloadError(f"invalid setting 'users': {exc}") from None
         try:
