@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import enum
 import ipaddress
+import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
+    InitSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -354,24 +356,30 @@ class Settings(BaseSettings):
                                    dotenv_settings, file_secret_settings):
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
         toml = _CONFIG_FILE.get("path")
-        if toml is not None:
+        parsed = _CONFIG_FILE.get("parsed")
+        if parsed is not None:      # the file's text, read once by the caller (live reload)
+            sources.append(InitSettingsSource(settings_cls, parsed))
+        elif toml is not None:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml))
         return tuple(sources)
 
 
-_CONFIG_FILE: dict[str, Path | None] = {"path": None}
+_CONFIG_FILE: dict[str, Any] = {"path": None, "parsed": None}
 
 
 class ConfigError(Exception):
     """A configuration problem, with one line a person can act on."""
 
 
-def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
-    """Load settings; raise ConfigError naming the offending field."""
-    if config_file is not None and not Path(config_file).is_file():
+def load_settings(config_file: Path | None = None, *, text: str | None = None, **overrides: Any) -> Settings:
+    """Load settings; raise ConfigError naming the offending field.  `text`: the
+    file's content as already read (a live reload validates exactly what it read)."""
+    if text is None and config_file is not None and not Path(config_file).is_file():
         raise ConfigError(f"config file {config_file} does not exist")
     _CONFIG_FILE["path"] = Path(config_file) if config_file else None
     try:
+        if text is not None:
+            _CONFIG_FILE["parsed"] = tomllib.loads(text)
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
         err = exc.errors()[0]
@@ -381,6 +389,7 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
         raise ConfigError(f"cannot read config {config_file}: {exc}") from None
     finally:
         _CONFIG_FILE["path"] = None
+        _CONFIG_FILE["parsed"] = None
 
 
 def is_loopback(host: str) -> bool:

@@ -281,9 +281,9 @@ class BrokerServer:
         if current is not None and current[0] is handler and current[1] == link:
             del self.live_links[key]
 
-    def reload_config(self, who: str) -> dict:
+    async def reload_config(self, who: str, allow_open: bool = False) -> dict:
         """Live reload (server/reload.py); ValueError (nothing changed) for a bad file."""
-        return self.reloader.reload(who)
+        return await self.reloader.reload(who, allow_open)
 
     # ------------------------------------------------------------------ output
 
