@@ -97,6 +97,9 @@ class LimitsConfig(BaseModel):
     # auth together) before its next attempts wait; the first wait, doubling per
     # failure up to the longest (security/throttle.py).
     auth_free_failures: int = Field(5, ge=0)
+    auth_free_failures_per_user: int = Field(20, ge=0, description=(
+        "failed authentications for one user name, from all addresses together, before attempts for that "
+        "name wait too (security/throttle.py)"))
     auth_base_delay: float = Field(0.2, ge=0)
     auth_max_delay: float = Field(10.0, ge=0)
     link_credit: int = Field(1000, ge=1)                     # credit granted to producers
@@ -258,6 +261,9 @@ class ManagementConfig(BaseModel):
     # /metrics carries per-queue series for at most this many queues (the deepest) and
     # as many subscriptions; /metrics/per-object carries all of them.
     metrics_queue_limit: int = Field(1000, ge=0)
+    allow_anonymous: bool = Field(False, description=(
+        "with ACLs: a request without credentials acts as the anonymous identity (what [anonymous] grants, "
+        "`manage` included); false (default): every request authenticates, whatever [anonymous] grants"))
 
     @model_validator(mode="after")
     def _tls_pair(self) -> "ManagementConfig":

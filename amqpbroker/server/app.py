@@ -229,8 +229,8 @@ class BrokerServer:
         self._refusals_logged_at = now
         self._refusals_unlogged = 0
 
-    def authentication_failed(self, address: str) -> None:
-        failures = self.auth_throttle.failed(address)
+    def authentication_failed(self, address: str, user: str | None = None) -> None:
+        failures = self.auth_throttle.failed(address, user)
         if failures == self.auth_throttle.free_failures + 1:
             log.warning("%d failed authentications from %s: its next attempts wait (up to %.0f s)",
                         failures, address, self.auth_throttle.max_delay)

@@ -394,6 +394,14 @@ class Handshake:
         self._out.clear()
         return out
 
+    def refuse(self, reason: str) -> None:
+        """Replace an outcome not sent yet with a temporary failure (sys-temp): the
+        authentication throttle answers nothing about the password then."""
+        self._out.clear()
+        self.user = None
+        self.leftover = b""
+        self._fail(reason, SaslCode.SYS_TEMP)
+
     def check_timeout(self) -> bool:
         """Fail the handshake if the client is too slow; True if timed out.
 

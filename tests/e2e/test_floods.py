@@ -128,6 +128,52 @@ def test_password_guessing_is_slowed_per_address_and_no_one_else_waits(flood_bro
     flood_broker.wait_for_log(r"3 failed authentications from 127.0.0.4: its next attempts wait")
 
 
+def _login(broker, source: str, user: str, password: str) -> bool:
+    client = RawClient("127.0.0.1", broker.port, container_id=f"login-{source}", sasl_mechs="PLAIN",
+                       user=user, password=password, source=source)
+    try:
+        client.wait(lambda: client.socket_closed or client.conn.state & client.conn.REMOTE_ACTIVE,
+                    timeout=30, what="the answer")
+        return bool(client.conn.state & client.conn.REMOTE_ACTIVE)
+    finally:
+        client.abandon()
+
+
+def _throttled_total(broker) -> float:
+    import httpx
+    text = httpx.get(f"http://127.0.0.1:{broker.ports['management']}/metrics", timeout=10).text
+    return float(text.split("\namqpbroker_auth_throttled_attempts_total ")[1].split()[0])
+
+
+def test_a_good_login_between_guesses_does_not_clear_the_guesses(broker_factory):
+    """One good login between guesses at another user used to clear the address
+    (78 guesses a second).  Counted per attempt: which guesses had to wait."""
+    b = broker_factory(CONFIG.replace("auth_max_delay = 1.0", "auth_max_delay = 0.4")
+                       + '[users.root]\npassword = "root-pw"\n')
+    waited = []
+    for _ in range(6):
+        assert _login(b, "127.0.0.9", "alice", "alice-pw")
+        before = _throttled_total(b)
+        assert not _login(b, "127.0.0.9", "root", "guess")
+        waited.append(_throttled_total(b) - before)
+    assert waited == [0, 0, 0, 1, 1, 1], waited      # 2 free failures, then every guess waits
+
+
+def test_guesses_at_one_user_from_many_addresses_are_slowed_by_name(broker_factory):
+    b = broker_factory(CONFIG.replace("auth_max_delay = 1.0", "auth_max_delay = 0.4\nauth_free_failures_per_user = 2"))
+    waited = []
+    for i in range(5):     # a new address each time: no address is ever slowed
+        before = _throttled_total(b)
+        assert not _login(b, f"127.0.1.{i + 1}", "alice", "guess")
+        waited.append(_throttled_total(b) - before)
+    assert waited == [0, 0, 0, 1, 1], waited     # 2 free failures for the name, then each waits
+    # The answer waits, and still comes: the right password logs in (and clears the name).
+    assert _login(b, "127.0.1.9", "alice", "alice-pw")
+    before = _throttled_total(b)
+    assert not _login(b, "127.0.1.10", "alice", "guess")
+    assert _throttled_total(b) == before
+
+
 def test_queues_one_user_may_create_are_limited(broker_factory):
     from proton import Message
     from proton.utils import LinkDetached, SendException

@@ -192,6 +192,47 @@ def test_wrong_passwords_slow_down_their_address_only(caplog):
         h.close()
 
 
+def test_a_good_login_between_guesses_does_not_clear_the_guesses():
+    """Alternating one good login with a guess at another user's password: each
+    success used to clear the address, so every guess went unslowed (552 a second)."""
+    h = acl_harness(auth_free_failures=2, auth_base_delay=0.5, auth_max_delay=4.0)
+    sleeps = h.ops.authenticator.sleep = Sleeps()
+    try:
+        guess_waits = []
+        for _ in range(6):
+            assert h.request("GET", "/api/queues", auth=("root", "root-pw"), client="10.0.0.66").status_code == 200
+            before = len(sleeps.waits)
+            assert h.request("GET", "/api/queues", auth=("app", "guess"), client="10.0.0.66").status_code == 401
+            guess_waits.append(sum(sleeps.waits[before:]))
+        assert guess_waits == [0, 0, 0, 0.5, 1.0, 2.0], "the guesses at 'app' keep counting"
+        # The right password for the name that was guessed clears that name's failures
+        # (a typo, then the right one), and only those.
+        assert h.request("GET", "/api/queues", auth=("root", "wrong"), client="10.0.0.67").status_code == 401
+        assert h.request("GET", "/api/queues", auth=("root", "root-pw"), client="10.0.0.67").status_code == 200
+        assert h.ops.auth_throttle.failures("10.0.0.67") == 0
+    finally:
+        h.close()
+
+
+def test_guesses_at_one_name_from_many_addresses_are_slowed_by_name():
+    h = acl_harness(auth_free_failures=2, auth_free_failures_per_user=4, auth_base_delay=0.5,
+                    auth_max_delay=4.0)
+    sleeps = h.ops.authenticator.sleep = Sleeps()
+    try:
+        waits = []
+        for i in range(7):     # a new address for every guess: no address is ever slowed
+            before = len(sleeps.waits)
+            assert h.request("GET", "/api/queues", auth=("root", f"guess{i}"),
+                             client=f"10.1.0.{i + 1}").status_code == 401
+            waits.append(sum(sleeps.waits[before:]))
+        assert waits == [0, 0, 0, 0, 0, 0.5, 1.0]
+        before = len(sleeps.waits)     # another name from another address: not slowed
+        assert h.request("GET", "/api/queues", auth=("mgr", "mgr-pw"), client="10.2.0.1").status_code == 200
+        assert sleeps.waits[before:] == []
+    finally:
+        h.close()
+
+
 def test_throttled_gauge_and_malformed_credentials_count():
     h = acl_harness(auth_free_failures=0)
     h.ops.authenticator.sleep = Sleeps()
