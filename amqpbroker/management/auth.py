@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable
 from fastapi import Request
 
 from ..config import is_loopback
-from ..security.acl import MANAGE
+from ..security.acl import MANAGE, pattern_matches
 from .admin import AdminError
 
 if TYPE_CHECKING:
@@ -77,6 +77,15 @@ class Principal:
         """Whether a listing shows the entity `name`: the addresses its `manage`
         grants cover, and nothing of other tenants."""
         return self.sees_all or self.may(name)
+
+    def visible(self) -> Callable[[str], bool] | None:
+        """A pure test of names for listings (safe in the worker thread: the
+        patterns are copied now), or None when everything is visible."""
+        if self.sees_all:
+            return None
+        guard = self.ops.managed.access
+        patterns = guard.policy.patterns(self.user, self.groups, MANAGE)
+        return lambda name: any(pattern_matches(p, name) for p in patterns)
 
 
 def basic_credentials(header: str) -> tuple[str | None, str]:

@@ -116,6 +116,7 @@ def test_acl_api_requires_basic_auth_with_manage():
 
 
 def test_acl_manage_is_scoped_to_the_pattern():
+    from tests.management.support import FakeConsumer
     h = acl_harness()
     try:
         mgr = ("mgr", "mgr-pw")
@@ -126,10 +127,73 @@ def test_acl_manage_is_scoped_to_the_pattern():
         assert h.request("POST", "/api/queues/invoices/purge", auth=mgr).status_code == 403
         assert h.request("POST", "/api/queues/invoices/purge", auth=("root", "root-pw")).status_code == 200
         conn = h.connect("app")
+        FakeConsumer(conn, "rcv", h.broker.queues["orders.in"])     # listed: it uses orders.in
         cid = h.get("/api/connections", auth=mgr)[0]["id"]
         assert h.request("DELETE", f"/api/connections/{cid}", auth=mgr).status_code == 403
         assert h.request("DELETE", f"/api/connections/{cid}", auth=("root", "root-pw")).status_code == 200
         assert conn.conn.closed
+    finally:
+        h.close()
+
+
+def test_a_manage_grant_lists_only_what_it_covers():
+    """`manage` on orders.# used to list every tenant's queues and connections."""
+    from tests.management.support import FakeConsumer
+    h = acl_harness()
+    try:
+        mgr, root = ("mgr", "mgr-pw"), ("root", "root-pw")
+        for name in ("orders.in", "orders.eu.paid", "invoices", "hr.salaries"):
+            h.broker.declare_queue(name)
+        h.subscribe("s1", "app", shared_durable_source("orders.eu"))
+        h.subscribe("s2", "app", shared_durable_source("invoices"), binding=None)
+        ours = h.connect("orders-app", user="app")
+        FakeConsumer(ours, "rcv", h.broker.queues["orders.in"])
+        theirs = h.connect("hr-app", user="app")
+        FakeConsumer(theirs, "rcv", h.broker.queues["hr.salaries"])
+        h.connect("idle-app", user="app")
+
+        names = sorted(q["name"] for q in h.get("/api/queues", auth=mgr))
+        assert names[:2] == ["orders.eu.paid", "orders.in"] and len(names) == 3     # + s1's queue
+        assert h.request("GET", "/api/queues", auth=mgr).headers["x-total-count"] == "3"
+        assert all("invoices" not in n and "hr." not in n for n in names)
+        assert [c["container_id"] for c in h.get("/api/connections", auth=mgr)] == ["orders-app"]
+        assert [s["name"] for s in h.get("/api/subscriptions", auth=mgr)] == ["s1"]
+        assert {b["queue"] for b in h.get("/api/bindings", auth=mgr)} <= set(names)
+        assert h.request("GET", "/api/queues/hr.salaries", auth=mgr).status_code == 403
+        assert h.request("GET", "/api/queues/orders.in", auth=mgr).status_code == 200
+        assert h.request("GET", "/metrics", auth=mgr).status_code == 403
+        # manage on '#' sees everything.
+        assert len(h.get("/api/queues", auth=root)) == 6
+        assert len(h.get("/api/connections", auth=root)) == 3
+    finally:
+        h.close()
+
+
+def test_anonymous_never_reaches_the_api_without_the_explicit_setting():
+    """`[anonymous] permissions = ["all"]` on public.# is for AMQP clients: it used
+    to let any request without credentials, from any address, use the API."""
+    def harness(allow: bool) -> Harness:
+        settings = Settings(store=StoreConfig(enabled=False), management=ManagementConfig(allow_anonymous=allow),
+                            users={"root": UserConfig(password="root-pw")},
+                            acl=[AclRuleDecl(user="root", permissions=["all"])],
+                            anonymous=AnonymousDecl(permissions=["all"], pattern="public.#"))
+        return Harness(settings, client_addr="10.9.8.7")
+    h = harness(False)
+    try:
+        h.broker.declare_queue("public.news")
+        h.broker.declare_queue("private.payroll")
+        for path in ("/api/queues", "/api/overview", "/api/connections"):
+            r = h.request("GET", path)
+            assert r.status_code == 401, (path, r.status_code)
+        assert h.request("POST", "/api/queues/public.news/purge").status_code == 401
+    finally:
+        h.close()
+    h = harness(True)
+    try:
+        h.broker.declare_queue("public.news")
+        h.broker.declare_queue("private.payroll")
+        assert [q["name"] for q in h.get("/api/queues")] == ["public.news"]
+        assert h.request("POST", "/api/queues/private.payroll/purge").status_code == 403
     finally:
         h.close()
 
