@@ -57,6 +57,7 @@ class WebSocketAmqp(asyncio.Protocol):
         self.upgraded = False
         self.closing = False
         self._early: list[bytes] = []     # AMQP output before the upgrade is answered (none in practice)
+        self.handshake_slot: Any = None   # taken at accept by a TLS listener (wss): AMQP's to adopt
 
     # ------------------------------------------------------------------ socket side
 
@@ -66,6 +67,7 @@ class WebSocketAmqp(asyncio.Protocol):
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         # From accept on, as for TCP: admission, the handshake deadline (which
         # covers the HTTP upgrade too), the authentication throttle.
+        self.amqp.handshake_slot = self.handshake_slot
         self.amqp.connection_made(WebSocketTransport(self))
 
     def data_received(self, data: bytes) -> None:

@@ -212,3 +212,70 @@ def test_protections_show_in_the_metrics(flood_broker):
     refused = float(text.split("\namqpbroker_handshakes_refused_total ")[1].split()[0])
     in_progress = float(text.split("\namqpbroker_handshakes_in_progress ")[1].split()[0])
     assert refused >= 1 and in_progress >= 20
+
+
+# ---------------------------------------------------------------------- TLS listeners
+
+def _tls_broker(broker_factory, tmp_path, limits: str):
+    from tests.e2e.helpers_conn import make_self_signed
+    cert, key = make_self_signed(tmp_path)
+    return broker_factory(f'[limits]\n{limits}\n[tls]\nport = 0\ncert_file = "{cert}"\nkey_file = "{key}"\n')
+
+
+def _wait_closed(socks, count: int, seconds: float = 10.0) -> list[bool]:
+    deadline = time.monotonic() + seconds
+    while True:
+        closed = [closed_by_peer(s) for s in socks]
+        if sum(closed) >= count or time.monotonic() > deadline:
+            return closed
+        time.sleep(0.05)
+
+
+def test_tls_handshakes_count_against_the_handshake_limits(broker_factory, tmp_path):
+    """Sockets stalled before or in their TLS handshake used to be outside the
+    limits: 1,000 kept on amqps against 100 on the plain port."""
+    b = _tls_broker(broker_factory, tmp_path, "max_handshakes_per_address = 5\nsasl_timeout = 60")
+    port = b.ports["amqps"]
+    socks = [socket.create_connection(("127.0.0.1", port), timeout=5, source_address=("127.0.0.11", 0))
+             for _ in range(8)]
+    try:
+        closed = _wait_closed(socks, 3)
+        assert closed == [False] * 5 + [True] * 3, closed      # the sixth and later, at accept
+        b.wait_for_log(r"closed at accept: 5 connections from 127\.0\.0\.11 are in their handshake")
+        # Another address still gets through TLS and SASL to the AMQP open.
+        import ssl
+        ctx = ssl.create_default_context()
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+            with ctx.wrap_socket(raw) as tls:
+                tls.sendall(AMQP_HEADER)
+                assert tls.recv(8) == AMQP_HEADER
+    finally:
+        for s in socks:
+            s.close()
+    # Every slot given back once: none left counted, none counted twice.
+    import httpx
+    url = f"http://127.0.0.1:{b.ports['management']}/metrics"
+    deadline = time.monotonic() + 10
+    while True:
+        text = httpx.get(url, timeout=10).text
+        in_progress = float(text.split("\namqpbroker_handshakes_in_progress ")[1].split()[0])
+        if in_progress == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert in_progress == 0
+
+
+def test_failed_tls_handshakes_log_one_line_per_address(broker_factory, tmp_path):
+    b = _tls_broker(broker_factory, tmp_path, "sasl_timeout = 1")
+    port = b.ports["amqps"]
+    socks = [socket.create_connection(("127.0.0.1", port), timeout=5, source_address=("127.0.0.12", 0))
+             for _ in range(6)]
+    try:
+        assert all(_wait_closed(socks, 6)), "stalled TLS handshakes outlived the deadline"
+    finally:
+        for s in socks:
+            s.close()
+    time.sleep(0.5)
+    lines = [ln for ln in b.log_text().splitlines() if "TLS handshake with 127.0.0.12" in ln]
+    assert len(lines) == 1, lines
