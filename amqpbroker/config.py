@@ -65,6 +65,16 @@ class WebSocketConfig(BaseModel):
     key_file: Path | None = None
     allow_anonymous: bool | None = None                 # unset: the top-level setting
     client_id_policy: ClientIdPolicy = ClientIdPolicy.RESTRICTED
+    allowed_origins: list[str] = Field([], description=(
+        "web pages that may connect (the upgrade's Origin, core/origins.py): origins such as "
+        "\"https://app.example.com\", \"same-host\", \"null\" or \"*\"; empty (default): no page, only clients "
+        "that send no Origin (not browsers)"))
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins(cls, value: list[str]) -> list[str]:
+        from .core.origins import check_allowed
+        return check_allowed(value)
 
     @model_validator(mode="after")
     def _tls_pair(self) -> "WebSocketConfig":
