@@ -53,6 +53,7 @@ class ConfigReloader:
         self.reloads = 0           # taken
         self.refused = 0           # bad files, files being written, access opened unasked
         self._lock: asyncio.Lock | None = None
+        self._tasks: set[asyncio.Task] = set()
 
     async def reload(self, who: str, allow_open: bool = False) -> dict:
         """Re-read the file and apply what changed; ReloadError (nothing changed) when
@@ -87,7 +88,9 @@ class ConfigReloader:
 
     def on_signal(self) -> None:
         """SIGHUP: a reload in its own task (it waits SETTLE between its two reads)."""
-        self.server.loop.create_task(self._signal_reload())
+        task = self.server.loop.create_task(self._signal_reload())
+        self._tasks.add(task)                 # held until done (the loop keeps weak references)
+        task.add_done_callback(self._tasks.discard)
 
     async def _signal_reload(self) -> None:
         try:
