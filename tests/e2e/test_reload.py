@@ -226,10 +226,14 @@ def test_turning_access_control_off_needs_allow_open(broker_factory):
         assert refused.status_code == 400
         assert "--allow-open" in refused.json()["error"]
         assert not _anonymous_may_consume(b, "orders.eu")
-        taken = http.post("/api/reload", params={"allow_open": "true"},
-                          headers={"Content-Type": "application/json"})
-        assert taken.status_code == 200, taken.text
-        assert taken.json()["acl_changed"] is True
+    env = {"AMQPBROKER_ADMIN_URL": f"http://127.0.0.1:{b.ports['management']}",
+           "AMQPBROKER_ADMIN_USER": "root", "AMQPBROKER_ADMIN_PASSWORD": "root-pw"}
+    refused = run_cli(["admin", "reload"], env=env)
+    assert refused.returncode == 1 and "--allow-open" in refused.stderr
+    taken = run_cli(["admin", "reload", "--allow-open"], env=env)
+    assert taken.returncode == 0, taken.stderr
+    assert "[[acl]] changed" in taken.stdout
+    assert "opened (--allow-open): it turns access control off" in taken.stdout
     assert _anonymous_may_consume(b, "orders.eu")
     b.wait_for_log(r"configuration reloaded .* by root: .*access control turned off \(allowed\)")
 
