@@ -36,20 +36,14 @@ sys.path.insert(0, str(ROOT))
 from tests.broker_process import BrokerProcess  # noqa: E402
 from tests.e2e.canary import Canary  # noqa: E402
 from tests.e2e.helpers_conn import AMQP_HEADER, amqp_frame  # noqa: E402
-from tests.e2e.test_websocket_floods import EMPTY_FRAME, PING, _flood, rss, upgraded_socket, ws_frame  # noqa: E402
+from tests.e2e.test_websocket_floods import (EMPTY_FRAME, PING, _flood, rss, send_until,  # noqa: E402
+                                             upgraded_socket, ws_frame)
 
 
 def tcp_flood(port: int, stop: threading.Event) -> None:
     s = socket.create_connection(("127.0.0.1", port))
     s.sendall(AMQP_HEADER + amqp_frame(0, 0x10, ["tcp-flooder"]))
-    beats = EMPTY_FRAME * 30000
-    try:
-        while not stop.is_set():
-            s.sendall(beats)
-    except OSError:
-        pass
-    finally:
-        s.close()
+    send_until(s, EMPTY_FRAME * 30000, stop)
 
 
 def canary_under(broker: BrokerProcess, flood, port: int | None, seconds: float) -> dict:

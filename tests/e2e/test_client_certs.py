@@ -53,18 +53,23 @@ def pki(tmp_path_factory):
     }
 
 
-@pytest.fixture(scope="module")
-def cert_broker(pki, tmp_path_factory):
-    from tests.broker_process import BrokerProcess
+def tls_config(pki) -> str:
+    """No anonymous; a TLS listener that requires client certificates from the test CA."""
     cert, key = pki["server"]
-    config = f"""
+    return f"""
 allow_anonymous = false
 [tls]
 port = 0
 cert_file = "{cert}"
 key_file = "{key}"
 client_ca_file = "{pki['ca']}"
-[tls.cert_users]
+"""
+
+
+@pytest.fixture(scope="module")
+def cert_broker(pki, tmp_path_factory):
+    from tests.broker_process import BrokerProcess
+    config = tls_config(pki) + """[tls.cert_users]
 "CN=app2,O=Example" = "billing"
 
 [users.app1]
@@ -186,15 +191,7 @@ def test_a_cn_that_spells_a_mapped_dn_is_not_that_dn(cert_broker, pki):
 
 def test_a_user_removed_by_reload_cannot_log_in_again_with_its_certificate(pki, tmp_path):
     from tests.broker_process import BrokerProcess
-    cert, key = pki["server"]
-    head = f"""
-allow_anonymous = false
-[tls]
-port = 0
-cert_file = "{cert}"
-key_file = "{key}"
-client_ca_file = "{pki['ca']}"
-"""
+    head = tls_config(pki)
     acl = """
 [[acl]]
 user = "app1"

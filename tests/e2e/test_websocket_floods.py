@@ -107,10 +107,14 @@ def _flood(port: int, stop: threading.Event) -> None:
     s = upgraded_socket(port)
     stream = AMQP_HEADER + amqp_frame(0, 0x10, ["flooder"])
     s.sendall(b"".join(ws_frame(BINARY, bytes([c])) for c in stream))
-    beats = b"".join(ws_frame(BINARY, bytes([c])) for c in EMPTY_FRAME) * 4096   # ~230 KB
+    send_until(s, b"".join(ws_frame(BINARY, bytes([c])) for c in EMPTY_FRAME) * 4096, stop)   # ~230 KB a send
+
+
+def send_until(s: socket.socket, data: bytes, stop: threading.Event) -> None:
+    """`data` again and again until `stop` (or the broker hangs up); then the socket is closed."""
     try:
         while not stop.is_set():
-            s.sendall(beats)
+            s.sendall(data)
     except OSError:
         pass
     finally:
