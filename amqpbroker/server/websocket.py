@@ -179,11 +179,8 @@ class WebSocketAmqp(asyncio.Protocol):
     # ------------------------------------------------------------------ WebSocket events
 
     def _on_event(self, event: Any) -> None:
-        if isinstance(event, Request):
+        if isinstance(event, Request):       # (binary messages: _drain passes them on)
             self._upgrade(event)
-        elif isinstance(event, BytesMessage):
-            if event.data:
-                self.amqp.data_received(bytes(event.data))
         elif isinstance(event, Ping):
             self._on_ping(event)
         elif isinstance(event, TextMessage):
