@@ -9,12 +9,14 @@ from __future__ import annotations
 import enum
 import ipaddress
 import os
+import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
+    InitSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -50,8 +52,18 @@ class TlsConfig(StrictModel):
     # EXTERNAL is offered: the certificate names the user (security/certs.py).
     client_ca_file: Path | None = None
     cert_user: Literal["cn", "subject"] = "cn"    # the user: the subject's CN, or the RFC 4514 subject
-    # Subject (RFC 4514, "CN=app1,O=Example") or CN → user name; checked before cert_user.
-    cert_users: dict[str, str] = {}
+    # Whole subjects (RFC 4514 DNs, "CN=app1,O=Example") → user name; compared as DNs
+    # (security/certs.py), never with a CN.  Checked before cert_user.
+    cert_users: dict[str, str] = Field({}, description="subject DN (RFC 4514) -> user; keys must be DNs")
+    cert_cn_users: dict[str, str] = Field({}, description="common name -> user, for subjects with one CN; "
+                                                          "never compared with a DN")
+
+    @field_validator("cert_users")
+    @classmethod
+    def _dn_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        from .security.certs import CertIdentities
+        CertIdentities.from_settings("cn", value)     # ValueError names the key that is no DN
+        return value
 
 
 class WebSocketConfig(BaseModel):
@@ -64,6 +76,16 @@ class WebSocketConfig(BaseModel):
     key_file: Path | None = None
     allow_anonymous: bool | None = None                 # unset: the top-level setting
     client_id_policy: ClientIdPolicy = ClientIdPolicy.RESTRICTED
+    allowed_origins: list[str] = Field([], description=(
+        "web pages that may connect (the upgrade's Origin, core/origins.py): origins such as "
+        "\"https://app.example.com\", \"same-host\", \"null\" or \"*\"; empty (default): no page, only clients "
+        "that send no Origin (not browsers)"))
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins(cls, value: list[str]) -> list[str]:
+        from .core.origins import check_allowed
+        return check_allowed(value)
 
     @model_validator(mode="after")
     def _tls_pair(self) -> "WebSocketConfig":
@@ -96,6 +118,9 @@ class LimitsConfig(StrictModel):
     # auth together) before its next attempts wait; the first wait, doubling per
     # failure up to the longest (security/throttle.py).
     auth_free_failures: int = Field(5, ge=0)
+    auth_free_failures_per_user: int = Field(20, ge=0, description=(
+        "failed authentications for one user name, from all addresses together, before attempts for that "
+        "name wait too (security/throttle.py)"))
     auth_base_delay: float = Field(0.2, ge=0)
     auth_max_delay: float = Field(10.0, ge=0)
     link_credit: int = Field(1000, ge=1)                     # credit granted to producers
@@ -257,6 +282,9 @@ class ManagementConfig(StrictModel):
     # /metrics carries per-queue series for at most this many queues (the deepest) and
     # as many subscriptions; /metrics/per-object carries all of them.
     metrics_queue_limit: int = Field(1000, ge=0)
+    allow_anonymous: bool = Field(False, description=(
+        "with ACLs: a request without credentials acts as the anonymous identity (what [anonymous] grants, "
+        "`manage` included); false (default): every request authenticates, whatever [anonymous] grants"))
 
     @model_validator(mode="after")
     def _tls_pair(self) -> "ManagementConfig":
@@ -355,12 +383,15 @@ class Settings(BaseSettings):
                                    dotenv_settings, file_secret_settings):
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
         toml = _CONFIG_FILE.get("path")
-        if toml is not None:
+        parsed = _CONFIG_FILE.get("parsed")
+        if parsed is not None:      # the file's text, read once by the caller (live reload)
+            sources.append(InitSettingsSource(settings_cls, parsed))
+        elif toml is not None:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml))
         return tuple(sources)
 
 
-_CONFIG_FILE: dict[str, Path | None] = {"path": None}
+_CONFIG_FILE: dict[str, Any] = {"path": None, "parsed": None}
 
 
 class ConfigError(Exception):
@@ -372,13 +403,16 @@ class ConfigError(Exception):
         self.problems = list(problems)
 
 
-def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+def load_settings(config_file: Path | None = None, *, text: str | None = None, **overrides: Any) -> Settings:
     """Load settings; raise ConfigError naming each offending field (an unknown key
-    with the nearest known one: config_help.py)."""
-    if config_file is not None and not Path(config_file).is_file():
+    with the nearest known one: config_help.py).  `text`: the file's content as
+    already read (a live reload validates exactly what it read)."""
+    if text is None and config_file is not None and not Path(config_file).is_file():
         raise ConfigError(f"config file {config_file} does not exist")
     _CONFIG_FILE["path"] = Path(config_file) if config_file else None
     try:
+        if text is not None:
+            _CONFIG_FILE["parsed"] = tomllib.loads(text)
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
         from .config_help import problem_lines
@@ -387,6 +421,7 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
         raise ConfigError(f"cannot read config {config_file}: {exc}") from None
     finally:
         _CONFIG_FILE["path"] = None
+        _CONFIG_FILE["parsed"] = None
 
 
 def is_loopback(host: str) -> bool:

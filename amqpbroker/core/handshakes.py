@@ -9,6 +9,14 @@ handshake until its connection opens or it goes; the gate refuses a new one beyo
 client's flood does not lock the others out).  The deadline for reaching `open`
 from the moment of accept is the engine's (server/engine.py): trickled bytes do not
 extend it.
+
+A TLS listener counts a socket from accept too, before its TLS handshake (which a
+client can stall as well as any other): the TLS layer takes a `HandshakeSlot` at
+accept and the AMQP layer under it adopts that slot once TLS is done, instead of
+being admitted a second time; whoever ends first gives it back, once.
+
+`LogLimiter` keeps a flood from flooding the log: one line per key (an address),
+then at most one per interval with the count since.
 """
 
 from __future__ import annotations
@@ -52,5 +60,53 @@ class HandshakeGate:
     def addresses(self) -> int:
         return len(self._by_address)
 
+    def slot(self, address: str, accepted_at: float) -> "HandshakeSlot | str":
+        """Admit a socket whose slot outlives its first protocol layer (TLS); a
+        refusal is the reason (str)."""
+        refusal = self.admit(address)
+        return refusal if refusal is not None else HandshakeSlot(self, address, accepted_at)
 
-__all__ = ["HandshakeGate"]
+
+class HandshakeSlot:
+    """One admitted socket's place in the gate; `release` gives it back once."""
+
+    __slots__ = ("gate", "address", "accepted_at", "released")
+
+    def __init__(self, gate: HandshakeGate, address: str, accepted_at: float):
+        self.gate = gate
+        self.address = address
+        self.accepted_at = accepted_at   # the deadline to `open` counts from here
+        self.released = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self.gate.done(self.address)
+
+
+class LogLimiter:
+    """Whether to log an event for `key` now: the first at once, then at most one
+    every `interval` seconds per key, saying how many were not logged meanwhile.
+    At most `max_keys` keys are remembered (the oldest go first)."""
+
+    def __init__(self, interval: float = 10.0, max_keys: int = 10_000):
+        self.interval = interval
+        self.max_keys = max_keys
+        self._keys: dict[str, list[float]] = {}    # key → [logged at, not logged since]
+
+    def check(self, key: str, now: float) -> int | None:
+        """None: do not log; else log, with this many left unlogged since the last."""
+        entry = self._keys.get(key)
+        if entry is not None and now - entry[0] < self.interval:
+            entry[1] += 1
+            return None
+        if entry is None and len(self._keys) >= self.max_keys:
+            for old in list(self._keys)[:max(1, self.max_keys // 10)]:
+                del self._keys[old]
+        skipped = 0 if entry is None else int(entry[1])
+        self._keys.pop(key, None)
+        self._keys[key] = [now, 0]
+        return skipped
+
+
+__all__ = ["HandshakeGate", "HandshakeSlot", "LogLimiter"]

@@ -11,13 +11,14 @@ dicts (the API's pydantic models validate and document them).
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import time
 import weakref
 from typing import Any, Awaitable, Callable
 
-from proton import Condition
+from proton import Condition, Endpoint
 
 from ..core.addresses import TEMP_PREFIX
 from ..core.exchanges import ExchangeType
@@ -87,10 +88,37 @@ def _depth(q: Queue) -> int:
     return q.depth
 
 
-def _select(names: list[str], depths: list[int] | None, **kw: Any) -> tuple[int, list[str]]:
+def _select(names: list[str], depths: list[int] | None, keep: Callable[[str], bool] | None = None,
+            **kw: Any) -> tuple[int, list[str]]:
     """select_page, with the name → depth map built here (in the worker thread: a dict
-    of 50,000 is one C call, ~5 ms the loop need not wait)."""
-    return select_page(names, depths=None if depths is None else dict(zip(names, depths)), **kw)
+    of 50,000 is one C call, ~5 ms the loop need not wait); `keep`: the names the
+    asker may see (the rest are not counted either)."""
+    depth_of = None if depths is None else dict(zip(names, depths))
+    if keep is not None:
+        names = [n for n in names if keep(n)]
+    return select_page(names, depths=depth_of, **kw)
+
+
+def link_addresses(conn: Any) -> list[str]:
+    """The addresses a connection's open links attach to, as the peer named them (the
+    source of a link the broker sends on, the target of one it receives on), from
+    proton's link list; an address that does not decode is left out."""
+    out: list[str] = []
+    link = conn.link_head(Endpoint.LOCAL_ACTIVE)
+    while link is not None:
+        try:
+            address = (link.remote_source if link.is_sender else link.remote_target).address
+        except (UnicodeDecodeError, AttributeError):
+            address = None
+        if address and address not in out:
+            out.append(address)
+        link = link.next(Endpoint.LOCAL_ACTIVE)
+    return out
+
+
+def _visible_queue(visible: Callable[[str], bool], topics: dict[str, str], name: str) -> bool:
+    topic = topics.get(name)
+    return visible(name) if topic is None else visible(topic)
 
 
 class Admin:
@@ -184,18 +212,25 @@ class Admin:
         }
 
     async def queue_page(self, *, offset: int = 0, limit: int = DEFAULT_LIMIT, pattern: str | None = None,
-                         sort: str = "name", subscription: bool | None = None) -> tuple[int, list[dict]]:
+                         sort: str = "name", subscription: bool | None = None,
+                         visible: Callable[[str], bool] | None = None) -> tuple[int, list[dict]]:
         """(queues matching, views of the page asked for), without holding the loop:
         names (and depths, to sort by depth) are copied a slice at a time, filtered and
-        sorted in the worker thread, and only the page's queues are viewed."""
+        sorted in the worker thread, and only the page's queues are viewed.
+        `visible`: the names (addresses) the asker's grants cover; a subscription's
+        queue is visible when its topic is."""
         names = list(self.broker.queues)
+        keep = None
+        if visible is not None:
+            topics = {name: self.subscription_state(sub).topic for name, sub in self.registry.by_queue.items()}
+            keep = functools.partial(_visible_queue, visible, topics)
         depths = None
         if sort == "depth":
             depths = await paced(list(self.broker.queues.values()), _depth)    # in the order of names
         subs = set(self.registry.by_queue) if subscription is not None else ()
         run = self.off_loop if len(names) > INLINE_NAMES else inline
-        total, page = await run(_select, names, depths, pattern=pattern, sort=sort, offset=offset, limit=limit,
-                                subscription_queues=subs, subscription=subscription)
+        total, page = await run(_select, names, depths, keep, pattern=pattern, sort=sort, offset=offset,
+                                limit=limit, subscription_queues=subs, subscription=subscription)
         queues = [q for q in (self.broker.queues.get(n) for n in page) if q is not None]
         return total, await paced(queues, self.queue_view)
 
@@ -402,6 +437,7 @@ class Admin:
         for h in self.handlers():
             p = h.protocol
             out.append({"id": self.connection_id(h), "container_id": h.container_id, "user": p.user,
+                        "addresses": link_addresses(h.conn),
                         "remote_address": p.peer, "listener": p.listener.name,
                         "tls": p.listener.ssl_context is not None, "sessions": h.sessions,
                         "links": h.links, "consumers": len(h.consumers)})

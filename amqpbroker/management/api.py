@@ -176,6 +176,8 @@ class ConnectionOut(BaseModel):
     sessions: int
     links: int
     consumers: int
+    addresses: list[str] = Field([], description="the addresses its links attach to (those the asker may "
+                                                 "see, without manage on '#')")
 
 
 class PurgeOut(BaseModel):
@@ -393,6 +395,7 @@ def build_app(ops: "Operations") -> FastAPI:
              summary="Prometheus metrics (text exposition format): broker-wide figures and the "
                      "series of the deepest queues ([management] metrics_queue_limit)")
     async def metrics(request: Request, principal: Principal = auth) -> Response:
+        _require_all(principal, "the metrics")
         return await encoded_text(request, await ops.metrics.main_text())
 
     @app.get("/metrics/per-object", tags=["broker"], response_class=Response,
@@ -401,13 +404,14 @@ def build_app(ops: "Operations") -> FastAPI:
             request: Request,
             name: str | None = Query(None, description="glob (orders.*) or prefix of queue / subscription names"),
             principal: Principal = auth) -> Response:
+        _require_all(principal, "the metrics")
         return await encoded_text(request, await ops.metrics.per_object_text(name))
 
     # ------------------------------------------------------------------ exchanges
 
     @app.get("/api/exchanges", response_model=list[ExchangeOut], tags=["exchanges"])
     async def list_exchanges(principal: Principal = auth) -> list[dict]:
-        return admin.exchanges()
+        return [e for e in admin.exchanges() if principal.sees(e["name"])]
 
     @app.post("/api/exchanges", response_model=ExchangeOut, status_code=201, tags=["exchanges"])
     async def create_exchange(body: ExchangeIn, principal: Principal = auth) -> dict:
@@ -436,7 +440,7 @@ def build_app(ops: "Operations") -> FastAPI:
             subscription: bool | None = Query(None, description="only (true) or no (false) subscription queues"),
             principal: Principal = auth) -> Response:
         total, views = await admin.queue_page(offset=offset, limit=limit, pattern=name, sort=sort,
-                                              subscription=subscription)
+                                              subscription=subscription, visible=principal.visible())
         headers = {"X-Total-Count": str(total)}
         link = next_link(request.url.path, dict(request.query_params), total, offset, limit)
         if link is not None:
@@ -462,7 +466,10 @@ def build_app(ops: "Operations") -> FastAPI:
 
     @app.get("/api/queues/{name:path}", response_model=QueueOut, tags=["queues"])
     async def get_queue(name: str, principal: Principal = auth) -> dict:
-        return admin.queue_view(admin.queue(name))
+        queue = admin.queue(name)
+        sub = admin.registry.by_queue.get(name)
+        principal.require(admin.subscription_state(sub).topic if sub is not None else name)
+        return admin.queue_view(queue)
 
     @app.delete("/api/queues/{name:path}", response_model=DeletedOut, tags=["queues"])
     async def delete_queue(name: str, force: bool = False, principal: Principal = auth) -> dict:
@@ -475,7 +482,11 @@ def build_app(ops: "Operations") -> FastAPI:
 
     @app.get("/api/bindings", response_model=list[BindingOut], tags=["bindings"])
     async def list_bindings(principal: Principal = auth) -> list[dict]:
-        return admin.bindings()
+        bindings = admin.bindings()
+        if principal.sees_all:
+            return bindings
+        visible = _visible_queues(admin, principal)
+        return [b for b in bindings if visible(b["queue"])]
 
     @app.post("/api/bindings", response_model=BindingOut, status_code=201, tags=["bindings"])
     async def create_binding(body: BindingIn, principal: Principal = auth) -> dict:
@@ -504,7 +515,7 @@ def build_app(ops: "Operations") -> FastAPI:
             seconds = parse_duration(idle)
         except ValueError as exc:
             raise AdminError(f"idle: {exc}") from None
-        return admin.subscriptions(seconds, abandoned_only=abandoned)
+        return [s for s in admin.subscriptions(seconds, abandoned_only=abandoned) if principal.sees(s["topic"])]
 
     @app.delete("/api/subscriptions/{name:path}", response_model=SubscriptionOut,
                 response_model_by_alias=True, tags=["subscriptions"],
@@ -525,7 +536,16 @@ def build_app(ops: "Operations") -> FastAPI:
 
     @app.get("/api/connections", response_model=list[ConnectionOut], tags=["connections"])
     async def list_connections(principal: Principal = auth) -> list[dict]:
-        return admin.connections()
+        views = admin.connections()
+        if principal.sees_all:
+            return views
+        # A connection is listed to whom one of its addresses belongs, with those only.
+        out = []
+        for view in views:
+            mine = [a for a in view["addresses"] if principal.may(a)]
+            if mine:
+                out.append({**view, "addresses": mine})
+        return out
 
     @app.delete("/api/connections/{conn_id}", response_model=ConnectionOut, tags=["connections"],
                 summary="Close a connection with amqp:connection:forced")
@@ -534,6 +554,19 @@ def build_app(ops: "Operations") -> FastAPI:
         return admin.close_connection(conn_id)
 
     return app
+
+
+def _require_all(principal: Principal, what: str) -> None:
+    """What covers every queue (the metrics) needs `manage` on '#'."""
+    if not principal.sees_all:
+        raise AdminError(f"user '{principal.user}' may not read {what}: they cover every queue "
+                         "(manage on '#' is needed)", 403)
+
+
+def _visible_queues(admin: Any, principal: Principal) -> Any:
+    """Whether a queue name is visible to `principal`: a subscription's queue by its topic."""
+    topics = {name: admin.subscription_state(sub).topic for name, sub in admin.registry.by_queue.items()}
+    return lambda name: principal.may(topics.get(name, name))
 
 
 def _json_bytes(value: Any) -> bytes:

@@ -240,8 +240,11 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--selector", help="JMS selector: only the messages it accepts")
     sp = cmd("backup", "hot backup: a consistent copy of the running broker's store into DEST (on its host)")
     sp.add_argument("dest", help="a new or empty directory on the broker's host (absolute path)")
-    cmd("reload", "live reload: the broker re-reads its configuration file (users, ACLs, expiry policies, "
-                  "queue limits)")
+    sp = cmd("reload", "live reload: the broker re-reads its configuration file (users, ACLs, expiry policies, "
+                       "queue limits)")
+    sp.add_argument("--allow-open", action="store_true",
+                    help="take a file that turns access control off, removes every user or gives the "
+                         "anonymous identity more (refused otherwise)")
     return p
 
 
@@ -269,6 +272,8 @@ def reload_summary(r: dict) -> str:
     lines.append(f"  {r['connections_closed']} connection(s) closed, {r['links_detached']} link(s) detached")
     if r.get("restart_needed"):
         lines.append(f"  needs a restart to apply: {', '.join(r['restart_needed'])}")
+    for what in r.get("opened") or ():
+        lines.append(f"  opened (--allow-open): {what}")
     return "\n".join(lines)
 
 
@@ -361,7 +366,7 @@ def run(args: argparse.Namespace, client: Client, out: Any) -> int:
         message = (f"backed up the store to {result['dest']} in {result['seconds']:.1f} s "
                    f"({_bytes(result['bytes'])}, {'whole' if result['whole'] else 'NOT WHOLE'})")
     elif c == "reload":
-        result = client.call("POST", "/api/reload")
+        result = client.call("POST", "/api/reload", allow_open=True if args.allow_open else None)
         message = reload_summary(result)
     elif c == "close-connection":
         result = client.call("DELETE", f"/api/connections/{args.id}")

@@ -112,9 +112,12 @@ def add_message_routes(app: FastAPI, ops: "Operations", auth: Any) -> None:
     @app.post("/api/reload", tags=["broker"],
               summary="Live reload: re-read the configuration file (users, ACLs, expiry policies, queue "
                       "limits); links that lost their permission are detached")
-    async def reload_config(principal: Principal = auth) -> dict:
+    async def reload_config(
+            allow_open: bool = Query(False, description="take a file that turns access control off, removes "
+                                                        "every user or gives anonymous more"),
+            principal: Principal = auth) -> dict:
         principal.require("#")
-        return await ops.reload(principal.user or "(loopback)")
+        return await ops.reload(principal.user or "(loopback)", allow_open)
 
     @app.post("/api/backup", response_model=BackupOut, tags=["broker"],
               summary="Hot backup: a consistent compacted copy of the running broker's store, checked")

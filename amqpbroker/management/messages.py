@@ -124,11 +124,20 @@ class MessageOps:
         store = self.managed.store
         if not store.persistent:
             raise Conflict("the broker runs without a store: nothing to back up")
+        problem = destination_problem(dest)
+        if problem is not None:
+            raise AdminError(f"dest: {problem}")
         path = Path(dest)
-        if not dest or not path.is_absolute():
-            raise AdminError(f"dest must be an absolute path on the broker's host, not '{dest}'")
-        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        try:
+            used = path.exists() and (not path.is_dir() or any(path.iterdir()))
+        except OSError as exc:   # a component that is a file, no permission, a loop
+            raise AdminError(f"dest: cannot use {dest!r}: {exc.strerror or exc}") from None
+        if used:
             raise Conflict(f"{dest} exists and is not an empty directory")
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise AdminError(f"dest: cannot create {dest!r}: {exc.strerror or exc}") from None
         source = getattr(store, "path", None) or self.managed.settings.data_dir / "store"
         log.info("admin: backup of the store to %s started by %s", dest, who)
         started = time.monotonic()
@@ -140,6 +149,26 @@ class MessageOps:
         log.info("admin: backup of the store to %s by %s done in %.1f s", dest, who, took)
         return {"dest": dest, "seconds": round(took, 3), "whole": "result: whole" in done.stdout,
                 "bytes": _size(path / "data.mdb"), "output": done.stdout.strip().splitlines()}
+
+
+NAME_MAX = 255      # bytes of one path component (Linux)
+PATH_MAX = 4095     # bytes of a whole path, without its terminating NUL
+
+
+def destination_problem(dest: str) -> str | None:
+    """Why `dest` cannot be a backup destination, before the file system is asked
+    (a NUL or an over-long name would raise in the middle of the request)."""
+    if "\x00" in dest:
+        return "a path cannot contain a NUL character"
+    if not dest or not dest.startswith("/"):
+        return f"must be an absolute path on the broker's host, not {dest!r}"
+    encoded = dest.encode("utf-8", "surrogateescape")
+    if len(encoded) > PATH_MAX:
+        return f"the path is longer than {PATH_MAX} bytes ({len(encoded)})"
+    longest = max((len(part) for part in encoded.split(b"/")), default=0)
+    if longest > NAME_MAX:
+        return f"a name in the path is longer than {NAME_MAX} bytes ({longest})"
+    return None
 
 
 def _selector(text: str | None) -> Any:

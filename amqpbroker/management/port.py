@@ -147,7 +147,7 @@ class ManagedBroker(Protocol):
 
     def forget_link(self, handler: Any, link: Any) -> None: ...   # a link the admin detached
 
-    def reload_config(self, who: str) -> dict: ...   # live reload; ValueError: bad file, nothing changed
+    async def reload_config(self, who: str, allow_open: bool = False) -> dict: ...   # live reload; ValueError: nothing changed
 
 
 __all__ = ["ConnectionSocket", "ListenerInfo", "ManagedBroker", "ManagedConnection", "ManagedStore",

@@ -165,12 +165,13 @@ class Operations:
 
     # ------------------------------------------------------------------ live reload
 
-    async def reload(self, who: str) -> dict:
+    async def reload(self, who: str, allow_open: bool = False) -> dict:
         """POST /api/reload: the broker re-reads its configuration (a bad file changes
-        nothing: 400 with the reason)."""
-        log.info("admin: configuration reload requested by %s", who)
+        nothing: 400 with the reason; so does one that opens access unless
+        `allow_open`)."""
+        log.info("admin: configuration reload requested by %s%s", who, " (allow open)" if allow_open else "")
         try:
-            return self.managed.reload_config(who)
+            return await self.managed.reload_config(who, allow_open)
         except ValueError as exc:
             raise AdminError(f"configuration not reloaded, nothing changed: {exc}", 400) from None
 

@@ -168,6 +168,20 @@ class AclPolicy:
         return AclDecision(False, f"no rule grants {'anonymous' if anonymous else 'user'} "
                                   f"'{name}' {action} on '{address}'")
 
+    def patterns(self, user: str | None, groups: Iterable[str], action: str) -> tuple[str, ...]:
+        """The patterns on which `user` holds `action` (all of them: ("#",) when
+        access control is off).  What a listing may show is what they match."""
+        if not self.enabled:
+            return ("#",)
+        groups = frozenset(groups)
+        anonymous = self.is_anonymous(user)
+        name = ANONYMOUS_USER if anonymous else user
+        out = [r.pattern for r in self.rules if r.applies_to(name, groups, anonymous) and r.grants(action)]
+        if anonymous and self.anonymous is not None and (
+                action in self.anonymous or (action == BROWSE and CONSUME in self.anonymous)):
+            out.append(self.anonymous_pattern)
+        return tuple(dict.fromkeys(out))
+
     def can_manage_any(self, user: str | None, groups: Iterable[str]) -> bool:
         """`manage` on some pattern: enough to use the management API's listings."""
         if not self.enabled:

@@ -1,74 +1,146 @@
 """Who a verified TLS client certificate is: the user SASL EXTERNAL authenticates.
-Pure: takes the certificate as `ssl.SSLSocket.getpeercert()` gives it (a dict).
+Pure: takes the certificate in DER (`SSLObject.getpeercert(binary_form=True)`);
+names are parsed and compared by `cryptography`'s x509 support (RFC 5280 names,
+RFC 4514 strings).
 
 RFC 4422 Appendix A: with EXTERNAL the authentication identity comes from outside
 SASL, here the client certificate the TLS layer verified against the listener's
-`client_ca_file`.  The user is, in this order:
+`client_ca_file`.  A mapping is keyed by what it maps, and the two kinds never
+meet:
 
-1. `cert_users[subject]`: the whole subject as an RFC 4514 string
-   (`CN=app1,O=Example,C=DE`: the last RDN of the certificate first);
-2. `cert_users[CN]`: the subject's common name;
-3. with `cert_user = "cn"` (default) the common name itself, with
-   `cert_user = "subject"` the RFC 4514 subject string.
+1. `[tls.cert_users]`: whole subjects (distinguished names, RFC 4514 strings such
+   as `CN=app1,O=Example`) → user.  A key is parsed as a DN when the settings are
+   loaded (a key that is no DN is a configuration error) and compared with the
+   certificate's subject as a DN: RDN by RDN, the attributes of a multi-valued RDN
+   as a set, values without regard to case or insignificant spaces (RFC 4517
+   distinguishedNameMatch, caseIgnoreMatch; RFC 4518 §2.6.1).  A CN that happens
+   to read `CN=app2,O=Example` is one RDN, never the two-RDN DN of that text.
+2. `[tls.cert_cn_users]`: common names → user; only a subject with exactly one CN
+   is looked up.
+3. Otherwise `cert_user = "cn"` (default): the subject's CN itself (exactly one CN:
+   a subject with several is ambiguous and names no one; one with none names no
+   one); `cert_user = "subject"`: the subject's RFC 4514 string.
+
+Whatever name comes out still has to be a configured user (`[users]`) at the moment
+of login: server/sasl.py checks that, so a user removed by a reload cannot come
+back with the certificate.
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-_ATTR_NAMES = {   # ssl's long names → RFC 4514 §3 short names
-    "commonName": "CN", "countryName": "C", "localityName": "L", "stateOrProvinceName": "ST",
-    "organizationName": "O", "organizationalUnitName": "OU", "streetAddress": "STREET",
-    "domainComponent": "DC", "userId": "UID",
-}
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+
+_SPACES = re.compile(r"\s+")
+
+# One attribute of a DN, compared: (OID dotted string, normalised value).
+DnKey = tuple[frozenset[tuple[str, str]], ...]
 
 
-def _escape(value: str) -> str:
-    """RFC 4514 §2.4: escape `,+"\\<>;`, and a leading `#` or space / trailing space."""
-    out = "".join("\\" + c if c in ',+"\\<>;' else c for c in value)
-    if out.startswith(("#", " ")):
-        out = "\\" + out
-    if out.endswith(" ") and not out.endswith("\\ "):
-        out = out[:-1] + "\\ "
-    return out
+def _normalise(value: Any) -> str:
+    """caseIgnoreMatch with insignificant space handling (RFC 4518 §2.6.1): case
+    folded, leading and trailing spaces dropped, inner runs of spaces as one."""
+    if isinstance(value, bytes):
+        return value.hex()
+    return _SPACES.sub(" ", str(value)).strip().casefold()
 
 
-def subject_string(subject: Any) -> str:
-    """RFC 4514 form of getpeercert()'s `subject` (a tuple of RDNs, each a tuple of
-    (name, value) pairs, in certificate order): reversed, `+` inside an RDN."""
-    rdns = []
-    for rdn in reversed(tuple(subject or ())):
-        rdns.append("+".join(f"{_ATTR_NAMES.get(name, name)}={_escape(str(value))}" for name, value in rdn))
-    return ",".join(rdns)
+def dn_key(name: x509.Name) -> DnKey:
+    """What two DNs are compared by: the RDN sequence, each RDN a set."""
+    return tuple(frozenset((a.oid.dotted_string, _normalise(a.value)) for a in rdn) for rdn in name.rdns)
 
 
-def common_name(subject: Any) -> str | None:
-    """The subject's most specific CN (the last one in certificate order)."""
-    cn = None
-    for rdn in tuple(subject or ()):
-        for name, value in rdn:
-            if name == "commonName":
-                cn = str(value)
-    return cn
+def parse_dn(text: str) -> x509.Name:
+    """An RFC 4514 string as a Name; ValueError when it is not one (no attribute
+    type, bad escapes, an unknown attribute name)."""
+    if not isinstance(text, str) or "=" not in text:
+        raise ValueError(f"'{text}' is not a distinguished name (RFC 4514: 'CN=app1,O=Example')")
+    try:
+        name = x509.Name.from_rfc4514_string(text)
+    except Exception as exc:   # cryptography raises ValueError, and others for odd input
+        detail = f": {exc}" if str(exc) else ""
+        raise ValueError(f"'{text}' is not a distinguished name (RFC 4514: TYPE=value joined by ',', "
+                         f"no spaces around it; types such as CN, O, OU, C, or dotted OIDs){detail}") from None
+    if not name.rdns:
+        raise ValueError(f"'{text}' is an empty distinguished name")
+    return name
 
 
-def cert_identity(peercert: Mapping[str, Any] | None, mode: str = "cn",
-                  mapping: Mapping[str, str] | None = None) -> str | None:
-    """The user a verified client certificate names, or None (no certificate, or
-    no name to take from it)."""
-    if not peercert:
+def subject_of(der: bytes) -> x509.Name:
+    return x509.load_der_x509_certificate(der).subject
+
+
+def common_names(name: x509.Name) -> list[str]:
+    return [str(a.value) for a in name.get_attributes_for_oid(NameOID.COMMON_NAME)]
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What a certificate says: the user (None: none), and why (for the log)."""
+    user: str | None
+    subject: str
+    why: str = ""
+
+
+@dataclass
+class CertIdentities:
+    """A listener's rules (from `[tls]`): `identify(der)` → Identity."""
+    mode: str = "cn"
+    by_dn: dict[DnKey, str] = field(default_factory=dict)
+    by_cn: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_settings(cls, mode: str = "cn", cert_users: Mapping[str, str] | None = None,
+                      cert_cn_users: Mapping[str, str] | None = None) -> "CertIdentities":
+        """ValueError for a `cert_users` key that is not a DN."""
+        by_dn = {}
+        for text, user in (cert_users or {}).items():
+            key = dn_key(parse_dn(text))
+            if key in by_dn and by_dn[key] != user:
+                raise ValueError(f"cert_users: '{text}' names the same subject as another key "
+                                 f"with another user")
+            by_dn[key] = user
+        by_cn = {_normalise(cn): user for cn, user in (cert_cn_users or {}).items()}
+        return cls(mode, by_dn, by_cn)
+
+    def identify(self, der: bytes | None) -> Identity:
+        if not der:
+            return Identity(None, "", "no client certificate")
+        try:
+            subject = subject_of(der)
+        except Exception as exc:   # verified by the TLS layer already: should not happen
+            return Identity(None, "", f"unreadable certificate: {exc}")
+        return self.identify_name(subject)
+
+    def identify_name(self, subject: x509.Name) -> Identity:
+        text = subject.rfc4514_string()
+        mapped = self.by_dn.get(dn_key(subject))
+        if mapped is not None:
+            return Identity(mapped, text)
+        cns = common_names(subject)
+        if len(cns) == 1 and _normalise(cns[0]) in self.by_cn:
+            return Identity(self.by_cn[_normalise(cns[0])], text)
+        if self.mode == "subject":
+            return Identity(text or None, text, "" if text else "an empty subject")
+        if not cns:
+            return Identity(None, text, f"subject '{text}' has no CN")
+        if len(cns) > 1:
+            return Identity(None, text, f"subject '{text}' has {len(cns)} CNs: ambiguous")
+        return Identity(cns[0], text)
+
+
+def peer_certificate(sock: Any) -> bytes | None:
+    """The verified client certificate of a TLS transport, in DER (asyncio and uvloop
+    alike: `ssl_object`)."""
+    ssl_object = sock.get_extra_info("ssl_object")
+    if ssl_object is None:
         return None
-    subject = peercert.get("subject")
-    dn = subject_string(subject)
-    cn = common_name(subject)
-    mapping = mapping or {}
-    if dn in mapping:
-        return mapping[dn]
-    if cn is not None and cn in mapping:
-        return mapping[cn]
-    if mode == "subject":
-        return dn or None
-    return cn or None
+    return ssl_object.getpeercert(binary_form=True)
 
 
-__all__ = ["cert_identity", "common_name", "subject_string"]
+__all__ = ["CertIdentities", "DnKey", "Identity", "common_names", "dn_key", "parse_dn", "peer_certificate",
+           "subject_of"]

@@ -16,6 +16,13 @@ What happens to what is already connected:
 * a changed password does not end anyone's connection (it authenticated with the
   old one, as a database session outlives a password change): new connections
   need the new one.
+
+A reload that would open access is not taken unless asked for explicitly
+(`opens_access`): turning access control off (no `[[acl]]` rule and no
+`[anonymous]` section left), removing every user, or giving the anonymous identity
+more than it had.  A file cut short while an editor or `cp` writes it is a valid
+TOML prefix more often than not, and the first thing such a prefix loses is the
+`[[acl]]` rules at its end; an empty file is valid TOML too.
 """
 
 from __future__ import annotations
@@ -67,6 +74,7 @@ class ReloadPlan:
     # queue name → (declared limits, effective limits) for queues whose limits change
     queue_limits: dict[str, tuple[QueueLimits | None, QueueLimits | None]] = field(default_factory=dict)
     restart_needed: list[str] = field(default_factory=list)
+    opened: list[str] = field(default_factory=list)            # what it opens (allowed explicitly)
     close: list[tuple[LiveConnection, str]] = field(default_factory=list)
     detach: list[tuple[LiveLink, str]] = field(default_factory=list)
 
@@ -87,6 +95,7 @@ class ReloadPlan:
                                      for name, (_, eff) in sorted(self.queue_limits.items())},
             "connections_closed": len(self.close), "links_detached": len(self.detach),
             "restart_needed": self.restart_needed,
+            "opened": self.opened,
         }
 
     def describe(self) -> str:
@@ -100,6 +109,8 @@ class ReloadPlan:
             parts.append("[[acl]] changed")
         if self.anonymous_changed:
             parts.append("[anonymous] changed")
+        for what in self.opened:
+            parts.append(f"{_short(what)} (allowed)")
         if self.expiry_changed:
             parts.append("expiry policies changed")
         if self.queue_limits:
@@ -110,6 +121,15 @@ class ReloadPlan:
         if self.restart_needed:
             parts.append(f"needs a restart to apply: {', '.join(self.restart_needed)}")
         return "; ".join(parts)
+
+
+def _short(opening: str) -> str:
+    """`opens_access` phrases as past facts, for the log line of a reload taken."""
+    if opening.startswith("it turns access control off"):
+        return "access control turned off"
+    if opening.startswith("it removes every user"):
+        return "every user removed"
+    return "the anonymous identity given more"
 
 
 def plan(old: "Settings", new: "Settings", policy: AclPolicy, connections: Iterable[LiveConnection],
@@ -131,6 +151,36 @@ def plan(old: "Settings", new: "Settings", policy: AclPolicy, connections: Itera
     groups = {name: frozenset(u.groups) for name, u in new.users.items()}
     p.detach = links_losing_permission(policy, groups, (ln for ln in links if ln.connection not in closing))
     return p
+
+
+def opens_access(old: "Settings", new: "Settings", old_policy: AclPolicy, new_policy: AclPolicy) -> list[str]:
+    """What taking `new` would open that `old` kept closed (empty: nothing).  Each
+    item is one phrase for the refusal: such a reload needs an explicit
+    `allow_open` (`amqpbroker admin reload --allow-open`)."""
+    out = []
+    if old_policy.enabled and not new_policy.enabled:
+        out.append("it turns access control off (no [[acl]] rule and no [anonymous] section left: "
+                   "everyone may do everything)")
+    if old.users and not new.users:
+        out.append(f"it removes every user ({len(old.users)} configured now)")
+    if old_policy.enabled and new_policy.enabled and _anonymous_wider(old_policy, new_policy):
+        out.append("it gives the anonymous identity more than it has "
+                   f"({_grant(old_policy)} now, {_grant(new_policy)} then)")
+    return out
+
+
+def _anonymous_wider(old: AclPolicy, new: AclPolicy) -> bool:
+    if not new.anonymous:
+        return False
+    if not old.anonymous:
+        return True
+    return bool(new.anonymous - old.anonymous) or new.anonymous_pattern != old.anonymous_pattern
+
+
+def _grant(policy: AclPolicy) -> str:
+    if not policy.anonymous:
+        return "nothing"
+    return f"{', '.join(sorted(policy.anonymous))} on '{policy.anonymous_pattern}'"
 
 
 def diff_users(old: "Settings", new: "Settings") -> tuple[list[str], list[str], list[str]]:
@@ -197,5 +247,5 @@ def _dump(value: Any) -> Any:
     return value.model_dump(mode="json") if hasattr(value, "model_dump") else value
 
 
-__all__ = ["LiveConnection", "LiveLink", "RELOADABLE", "ReloadError", "ReloadPlan", "diff_users",
+__all__ = ["LiveConnection", "LiveLink", "RELOADABLE", "ReloadError", "ReloadPlan", "diff_users", "opens_access",
            "links_losing_permission", "plan", "queue_limit_changes", "restart_needed"]

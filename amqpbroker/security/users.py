@@ -30,7 +30,7 @@ import logging
 import secrets
 import stringprep
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 log = logging.getLogger("amqpbroker.users")
@@ -44,6 +44,7 @@ __all__ = [
     "hash_password",
     "parse_password_hash",
     "saslprep",
+    "users_from",
 ]
 
 HASH_PREFIX = "scram-sha-256$"
@@ -187,9 +188,12 @@ class UserStore:
     tests and development, a plaintext password which is hashed at load with a
     random salt.  Production configurations should store hashes only: any
     value that does not start with ``"scram-sha-256$"`` is taken as plaintext.
+
+    ``accounts`` names every configured user, those without a password too (they
+    log in by TLS client certificate only, SASL EXTERNAL): :meth:`has_account`.
     """
 
-    def __init__(self, users: Mapping[str, str]) -> None:
+    def __init__(self, users: Mapping[str, str], accounts: Iterable[str] = ()) -> None:
         self._users: dict[str, ScramCredentials] = {}
         for name, value in users.items():
             if not isinstance(name, str) or not name:
@@ -215,6 +219,7 @@ class UserStore:
         self._dummy = ScramCredentials(iterations, secrets.token_bytes(16),
                                        secrets.token_bytes(_KEY_LEN), secrets.token_bytes(_KEY_LEN))
         self._decoy_key = secrets.token_bytes(32)
+        self._accounts = frozenset(accounts) | frozenset(self._users)
 
     def verify_plain(self, user: str, password: str) -> bool:
         """Check a cleartext password (SASL PLAIN) in constant time."""
@@ -246,6 +251,10 @@ class UserStore:
         return ScramCredentials(self._dummy.iterations, mac[:16],
                                 self._dummy.stored_key, self._dummy.server_key)
 
+    def has_account(self, user: str) -> bool:
+        """A configured user, with or without a password (EXTERNAL's check)."""
+        return user in self._accounts
+
     def __contains__(self, user: object) -> bool:
         return user in self._users
 
@@ -254,3 +263,10 @@ class UserStore:
 
     def __repr__(self) -> str:
         return f"UserStore(<{len(self._users)} users>)"
+
+
+def users_from(configured: Mapping[str, object]) -> UserStore:
+    """The store of `[users]` (name → an object with `password`, None for a user who
+    logs in by certificate only): every name an account, passwords where given."""
+    return UserStore({name: u.password for name, u in configured.items()  # type: ignore[attr-defined]
+                      if getattr(u, "password", None) is not None}, accounts=configured)

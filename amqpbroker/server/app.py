@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import signal
 import ssl
@@ -22,9 +21,9 @@ from ..core.limits import LimitRule, limits_for
 from ..core.registry import SubscriptionRegistry, subscription_filter
 from ..core.transactions import TransactionRegistry
 from ..security.guard import UNAUTHORIZED, AccessGuard
-from ..security.certs import cert_identity
+from ..security.certs import CertIdentities, peer_certificate
 from ..security.throttle import auth_throttle
-from ..security.users import UserStore
+from ..security.users import users_from
 from ..store.base import Store
 from ..store.durability import DurabilityManager
 from ..store.lmdb_store import LmdbStore
@@ -53,14 +52,14 @@ class Listener:
     client_id_policy: ClientIdPolicy
     ssl_context: ssl.SSLContext | None = None
     server: asyncio.AbstractServer | None = None
-    # The user a verified client certificate names (SASL EXTERNAL), from getpeercert().
-    cert_identity: Callable[[Any], str | None] | None = None
+    # The user a verified client certificate names (SASL EXTERNAL): security/certs.py.
+    cert_identity: CertIdentities | None = None
     websocket: bool = False    # AMQP over WebSocket (server/websocket.py)
 
-    def external_identity(self, sock: Any) -> str | None:
+    def external_identity(self, sock: Any) -> Any:
         if self.cert_identity is None:
             return None
-        return self.cert_identity(sock.get_extra_info("peercert"))
+        return self.cert_identity.identify(peer_certificate(sock))
 
 
 class BrokerServer:
@@ -87,7 +86,7 @@ class BrokerServer:
         self.durability = DurabilityManager(self.broker, self.subscriptions, self.store,
                                             memory_budget=st.queue_memory_budget)
         # Users without a password authenticate by TLS client certificate only (EXTERNAL).
-        self.users = UserStore({name: u.password for name, u in settings.users.items() if u.password is not None})
+        self.users = users_from(settings.users)
         self.listeners: list[Listener] = []
         self.protocols: set[AmqpProtocol] = set()
         self.handlers_by_container: dict[str, list[Any]] = {}
@@ -189,7 +188,7 @@ class BrokerServer:
                            self._sasl_policy(t.host, tls_anon, tls=True, external=t.client_ca_file is not None),
                            t.client_id_policy, ctx)
             if t.client_ca_file is not None:   # EXTERNAL: the verified certificate names the user
-                lst.cert_identity = functools.partial(cert_identity, mode=t.cert_user, mapping=t.cert_users)
+                lst.cert_identity = CertIdentities.from_settings(t.cert_user, t.cert_users, t.cert_cn_users)
             self.listeners.append(lst)
         if s.websocket is not None:
             self.listeners.append(self._websocket_listener(s.websocket))
@@ -230,8 +229,8 @@ class BrokerServer:
         self._refusals_logged_at = now
         self._refusals_unlogged = 0
 
-    def authentication_failed(self, address: str) -> None:
-        failures = self.auth_throttle.failed(address)
+    def authentication_failed(self, address: str, user: str | None = None) -> None:
+        failures = self.auth_throttle.failed(address, user)
         if failures == self.auth_throttle.free_failures + 1:
             log.warning("%d failed authentications from %s: its next attempts wait (up to %.0f s)",
                         failures, address, self.auth_throttle.max_delay)
@@ -282,9 +281,9 @@ class BrokerServer:
         if current is not None and current[0] is handler and current[1] == link:
             del self.live_links[key]
 
-    def reload_config(self, who: str) -> dict:
+    async def reload_config(self, who: str, allow_open: bool = False) -> dict:
         """Live reload (server/reload.py); ValueError (nothing changed) for a bad file."""
-        return self.reloader.reload(who)
+        return await self.reloader.reload(who, allow_open)
 
     # ------------------------------------------------------------------ output
 

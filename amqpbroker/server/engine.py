@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("amqpbroker.engine")
 
+_PASSWORD_MECHANISMS = frozenset({"PLAIN", "SCRAM-SHA-256"})   # guessable: throttled by user name
 _DELIVERY = lib.PN_DELIVERY
 _LINK_FLOW = lib.PN_LINK_FLOW
 # Engine bookkeeping the broker does not act on.
@@ -98,6 +99,11 @@ class AmqpProtocol(asyncio.Protocol):
         self.address = "?"                      # the peer's source address (limits, throttling)
         self._handshaking = False               # counted by the server's HandshakeGate
         self._held: bytearray | None = None     # input held while a throttle delay runs
+        # Taken at accept by a TLS listener, before the TLS handshake (server/tls.py):
+        # adopted here instead of a second admission.
+        self.handshake_slot: Any = None
+        self._answer_timed = False              # the attempt's user name took its throttle turn
+        self._held_answer: bytes | None = None  # a SASL outcome waiting for that turn
 
     # ------------------------------------------------------------------ socket events
 
@@ -106,7 +112,10 @@ class AmqpProtocol(asyncio.Protocol):
         peer = sock.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.address = peer[0] if isinstance(peer, tuple) else source_address(self.peer)
-        if not self.server.resources.may_accept():
+        slot = self.handshake_slot
+        if slot is not None:
+            refusal = None             # admitted at accept, before TLS
+        elif not self.server.resources.may_accept():
             refusal = "file descriptors nearly exhausted"
         else:
             refusal = self.server.handshakes.admit(self.address)
@@ -116,17 +125,27 @@ class AmqpProtocol(asyncio.Protocol):
             sock.abort()
             return
         self._handshaking = True
-        self.handshake = Handshake(self.listener.sasl_policy, self.server.users, clock=self.loop.time,
+        # The user store in force when the client authenticates, not at accept (a
+        # live reload may remove a user meanwhile).
+        server = self.server
+        self.handshake = Handshake(self.listener.sasl_policy, lambda: server.users, clock=self.loop.time,
                                    external=self.listener.external_identity(sock))
+        if slot is not None:
+            self.handshake.started_at = slot.accepted_at
         self.server.protocols.add(self)
-        # One deadline from accept to the AMQP open: SASL, the protocol header and the
-        # open itself.  Bytes trickling in do not move it.
-        timeout = self.listener.sasl_policy.handshake_timeout
-        self._hs_timer = self.loop.call_later(timeout, self._handshake_timeout) if timeout else None
-        # An address whose last authentications failed waits before it is answered
-        # (security/throttle.py); other addresses are not slowed.
-        delay = self.server.auth_throttle.delay(self.address)
-        if delay > 0:
+        # One deadline from accept to the AMQP open: TLS, SASL, the protocol header and
+        # the open itself.  Bytes trickling in do not move it.
+        deadline = self.handshake.deadline
+        self._hs_timer = self.loop.call_at(deadline, self._handshake_timeout) if deadline is not None else None
+        # An address whose last authentications failed waits its turn before it is
+        # answered (security/throttle.py); other addresses are not slowed.
+        delay = self.server.auth_throttle.address_turn(self.address)
+        if delay is None:
+            self.server.handshake_refused(self.address, "too many authentication attempts from it waiting "
+                                                        "(failed authentications)")
+            self.closed = True
+            sock.abort()
+        elif delay > 0:
             self._held = bytearray()   # what arrives meanwhile waits (pause_reading does
             self.loop.call_later(delay, self._release_held)   # not hold before reading starts)
 
@@ -145,7 +164,10 @@ class AmqpProtocol(asyncio.Protocol):
             self._hs_timer = None
         if self._handshaking:
             self._handshaking = False
-            self.server.handshakes.done(self.address)
+            if self.handshake_slot is not None:
+                self.handshake_slot.release()
+            else:
+                self.server.handshakes.done(self.address)
 
     def _handshake_timeout(self) -> None:
         """A socket that never reaches `open` must not hold a slot forever."""
@@ -153,7 +175,9 @@ class AmqpProtocol(asyncio.Protocol):
         if self.closed:
             return
         hs = self.handshake
-        if hs is not None:
+        if hs is not None and self._held_answer is not None:
+            why = "its authentication's answer waited for the throttle past the handshake deadline"
+        elif hs is not None:
             if not hs.check_timeout():  # fired a little early: try again at the deadline
                 self._hs_timer = self.loop.call_at(hs.deadline + 0.01, self._handshake_timeout)
                 return
@@ -216,20 +240,43 @@ class AmqpProtocol(asyncio.Protocol):
     def _feed_handshake(self, data: bytes) -> None:
         hs = self.handshake
         hs.feed(data)
-        out = hs.data_to_send()
+        if hs.outcome is not None and not self._answer_timed and hs.mechanism in _PASSWORD_MECHANISMS:
+            # Guesses at one user name from many addresses: the answer (success or
+            # not, so its timing tells nothing) waits for the name's turn.
+            self._answer_timed = True
+            wait = self.server.auth_throttle.user_turn(hs.attempted_user)
+            if wait is None:
+                hs.refuse(f"too many authentication attempts for user {hs.attempted_user!r} waiting")
+            elif wait > 0:
+                self._held_answer = hs.data_to_send()
+                self._held = bytearray()
+                self.loop.call_later(wait, self._release_answer)
+                return
+        self._answer(hs, hs.data_to_send())
+
+    def _release_answer(self) -> None:
+        out, self._held_answer = self._held_answer, None
+        held, self._held = self._held, None
+        if self.closed or self.handshake is None or out is None:
+            return
+        self._answer(self.handshake, out)
+        if held and not self.closed:
+            self.data_received(bytes(held))
+
+    def _answer(self, hs: Handshake, out: bytes) -> None:
         if out:
             self.sock.write(out)
         if hs.state is HandshakeState.FAILED:
             log.warning("connection from %s refused during SASL: %s", self.peer, hs.error)
             self.server.metrics_auth_failures += 1
             if hs.outcome is SaslCode.AUTH:
-                self.server.authentication_failed(self.address)
+                self.server.authentication_failed(self.address, hs.attempted_user)
             self.closed = True
             self.sock.close()
         elif hs.state is HandshakeState.DONE:
             self.handshake = None
             if hs.mechanism not in (None, "ANONYMOUS"):
-                self.server.auth_throttle.succeeded(self.address)
+                self.server.auth_throttle.succeeded(self.address, hs.user)
             self.user = hs.user
             self._start_amqp(hs.leftover)
         elif hs.close_after_send:

@@ -1,23 +1,36 @@
 """Live reload, the I/O side: read and validate the file, ask security/reload.py
 what changes, apply it to the running broker without dropping connections.
 
-A bad file changes nothing: every part is built (settings, the user store, the
-ACL policy) before anything running is touched, and the refusal says why.
+All or nothing:
+
+* the file is read once, and those bytes are what is parsed and validated
+  (settings, the user store, the ACL policy), whole, before anything running is
+  touched; a bad file changes nothing, and the refusal says why;
+* it is read again `SETTLE` seconds later: a file that changed meanwhile is being
+  written (an editor, `cp`) and is not taken;
+* a file that would open access (security/reload.py `opens_access`: access control
+  turned off, every user removed, more for the anonymous identity) is not taken
+  unless the request says so (`allow_open`: `amqpbroker admin reload --allow-open`,
+  `POST /api/reload?allow_open=true`; a SIGHUP never does).
+
+One reload at a time.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from proton import Condition
 
 from ..config import ConfigError, Settings, load_settings
 from ..core.limits import LimitRule
 from ..security.guard import groups_from, policy_from
-from ..security.reload import UNAUTHORIZED, LiveConnection, LiveLink, ReloadError, ReloadPlan, plan
-from ..security.users import UserStore
+from ..security.reload import (UNAUTHORIZED, LiveConnection, LiveLink, ReloadError, ReloadPlan, opens_access,
+                               plan)
+from ..security.users import UserStore, users_from
 from .terminus import read_source, read_target
 
 if TYPE_CHECKING:
@@ -26,50 +39,94 @@ if TYPE_CHECKING:
 log = logging.getLogger("amqpbroker")
 
 CLOSE_GRACE = 5.0   # seconds a closed connection's peer has to answer before its socket goes
+SETTLE = 0.25       # seconds between the two reads of the file (a file being written differs)
 
 
 class ConfigReloader:
-    def __init__(self, server: "BrokerServer", config_file: Path | None, overrides: dict[str, Any]):
+    def __init__(self, server: "BrokerServer", config_file: Path | None, overrides: dict[str, Any], *,
+                 settle: float = SETTLE, sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep):
         self.server = server
         self.config_file = config_file
         self.overrides = overrides
+        self.settle = settle
+        self.sleep = sleep
         self.reloads = 0           # taken
-        self.refused = 0           # bad files
+        self.refused = 0           # bad files, files being written, access opened unasked
+        self._lock: asyncio.Lock | None = None
+        self._tasks: set[asyncio.Task] = set()
 
-    def reload(self, who: str) -> dict:
+    async def reload(self, who: str, allow_open: bool = False) -> dict:
         """Re-read the file and apply what changed; ReloadError (nothing changed) when
-        it is not valid.  Logged either way."""
+        it is not valid, still being written, or opens access unasked.  Logged either way."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            try:
+                new, users, policy = await self.read_settled()
+                opening = opens_access(self.server.settings, new, self.server.access.policy, policy)
+                if opening and not allow_open:
+                    raise ReloadError(f"the new configuration is not taken: {'; and '.join(opening)}. "
+                                      "The running users and rules stay. If that is meant, reload with "
+                                      "`amqpbroker admin reload --allow-open` (POST /api/reload?allow_open=true); "
+                                      "a SIGHUP never opens access")
+            except ReloadError as exc:
+                self.refused += 1
+                log.error("configuration reload by %s refused, nothing changed: %s", who, exc)
+                raise
+            return self._take(who, new, users, policy, opening)
+
+    def _take(self, who: str, new: Settings, users: UserStore, policy: Any, opening: list[str]) -> dict:
         source = str(self.config_file) if self.config_file else "the environment"
-        try:
-            new, users, policy = self._load()
-        except ReloadError as exc:
-            self.refused += 1
-            log.error("configuration reload by %s refused, nothing changed: %s", who, exc)
-            raise
         server = self.server
         p = plan(server.settings, new, policy, self._connections(), self._links(), self._queues())
+        p.opened = opening
         self._apply(new, users, policy, p)
         self.reloads += 1
-        (log.warning if p.restart_needed else log.info)(
+        (log.warning if p.restart_needed or opening else log.info)(
             "configuration reloaded from %s by %s: %s", source, who, p.describe())
         return {"source": source, **p.summary()}
 
     def on_signal(self) -> None:
-        """SIGHUP."""
+        """SIGHUP: a reload in its own task (it waits SETTLE between its two reads)."""
+        task = self.server.loop.create_task(self._signal_reload())
+        self._tasks.add(task)                 # held until done (the loop keeps weak references)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _signal_reload(self) -> None:
         try:
-            self.reload("SIGHUP")
+            await self.reload("SIGHUP")
         except ReloadError:
             pass   # logged
 
     # ------------------------------------------------------------------ validate
 
-    def _load(self) -> tuple[Settings, UserStore, Any]:
+    def _read(self) -> str | None:
+        if self.config_file is None:
+            return None
         try:
-            new = load_settings(self.config_file, **self.overrides)
+            return Path(self.config_file).read_bytes().decode("utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ReloadError(f"cannot read config {self.config_file}: {exc}") from None
+
+    async def read_settled(self) -> tuple[Settings, UserStore, Any]:
+        """The file, read once, validated whole; then read again after `settle`
+        seconds: a file that changed meanwhile is still being written."""
+        text = self._read()
+        loaded = self._load(text)
+        if text is not None and self.settle > 0:
+            await self.sleep(self.settle)
+            if self._read() != text:
+                raise ReloadError(f"{self.config_file} changed while it was read (still being written?); "
+                                  "reload again once it is complete")
+        return loaded
+
+    def _load(self, text: str | None) -> tuple[Settings, UserStore, Any]:
+        try:
+            new = load_settings(self.config_file, text=text, **self.overrides)
         except ConfigError as exc:
             raise ReloadError(str(exc)) from None
         try:
-            users = UserStore({n: u.password for n, u in new.users.items() if u.password is not None})
+            users = users_from(new.users)
         except ValueError as exc:
             raise ReloadError(f"invalid setting 'users': {exc}") from None
         try:

@@ -25,7 +25,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple, Union
 
 from amqpbroker.security.users import ScramCredentials, UserStore
 from amqpbroker.server.sasl_frames import (
@@ -43,7 +43,16 @@ from amqpbroker.server.sasl_frames import (
     encode_outcome,
 )
 
-__all__ = ["HandshakeState", "SaslPolicy", "Handshake", "SUPPORTED_MECHANISMS"]
+__all__ = ["HandshakeState", "SaslPolicy", "Handshake", "SUPPORTED_MECHANISMS", "UserSource"]
+
+# The user store, or what gives the one in force: a live reload replaces the
+# broker's store, and a handshake asks for it when it authenticates (never the
+# one of the moment its socket was accepted).
+UserSource = Union[UserStore, Callable[[], UserStore]]
+
+
+def _current(users: UserSource) -> UserStore:
+    return users() if callable(users) else users
 
 # Offered in this order: AMQP 1.0 §5.3.3.1 "ordered in decreasing level of preference".
 SUPPORTED_MECHANISMS = ("EXTERNAL", "SCRAM-SHA-256", "PLAIN", "ANONYMOUS")
@@ -106,6 +115,7 @@ class _Mechanism:
     # RFC 4422 §5: if the client sends no initial response and the mechanism
     # starts with the client, the server sends an empty challenge.
     needs_initial_response = True
+    claimed: str | None = None      # the user name the client claimed, once known
 
     def start(self, initial: bytes):  # pragma: no cover - overridden
         raise NotImplementedError
@@ -129,16 +139,23 @@ class _Anonymous(_Mechanism):
 class _External(_Mechanism):
     """RFC 4422 Appendix A: the client's message is an authorization identity, empty
     to act as the identity the TLS layer established (ours: security/certs.py).
-    Acting as another identity is not supported: a different one fails."""
+    Acting as another identity is not supported: a different one fails.  The
+    certificate's user must be a configured user (`[users]`, a password is not
+    needed) in the store in force now: a user removed by a reload is refused."""
     name = "EXTERNAL"
     needs_initial_response = True
 
-    def __init__(self, identity: str | None) -> None:
-        self.identity = identity
+    def __init__(self, identity: Any, users: UserStore) -> None:
+        # A plain name, or security/certs.Identity (user, subject, why).
+        self.identity = getattr(identity, "user", identity)
+        self.why = getattr(identity, "why", "") or "no verified client certificate names a user"
+        self.subject = getattr(identity, "subject", "")
+        self.users = users
 
     def start(self, initial: bytes):
+        self.claimed = self.identity
         if self.identity is None:
-            return _Failure("EXTERNAL: no verified client certificate names a user")
+            return _Failure(f"EXTERNAL: {self.why}")
         try:
             authzid = initial.decode("utf-8")
         except UnicodeDecodeError:
@@ -146,6 +163,9 @@ class _External(_Mechanism):
         if authzid and authzid != self.identity:
             return _auth_failed(self.identity, self.name,
                                 f"authorization identity {authzid!r} differs from the certificate's")
+        if not self.users.has_account(self.identity):
+            subject = f" (certificate subject '{self.subject}')" if self.subject else ""
+            return _auth_failed(self.identity, self.name, f"not a configured user ([users]){subject}")
         return _Success(self.identity)
 
 
@@ -166,6 +186,7 @@ class _Plain(_Mechanism):
             return _Failure("malformed PLAIN response: not valid UTF-8")
         if not authcid:
             return _Failure("malformed PLAIN response: empty user name")
+        self.claimed = authcid
         if authzid and authzid != authcid:
             return _auth_failed(authcid, self.name,
                                 f"authorization identity {authzid!r} differs from the user name")
@@ -199,8 +220,11 @@ def _valid_nonce(n: str) -> bool:
 class _ScramSha256(_Mechanism):
     name = "SCRAM-SHA-256"
 
-    def __init__(self, users: UserStore) -> None:
+    def __init__(self, users: UserStore, current: Callable[[], UserStore] | None = None) -> None:
         self.users = users
+        # The store in force when the proof arrives: a reload between the two
+        # messages that removed the user (or changed the password) fails it.
+        self.current = current or (lambda: users)
         self._stage = 0
         self.user = ""
         self._known = False
@@ -243,6 +267,7 @@ class _ScramSha256(_Mechanism):
             return self._malformed("bad authzid in gs2-header")
         if not self.user:
             return self._malformed("empty user name")
+        self.claimed = self.user
         c_nonce = attrs[1][2:]
         if not _valid_nonce(c_nonce):
             return self._malformed("invalid client nonce")
@@ -297,6 +322,8 @@ class _ScramSha256(_Mechanism):
         signature = hmac.digest(creds.stored_key, auth_message, "sha256")
         client_key = bytes(a ^ b for a, b in zip(proof, signature))
         ok = hmac.compare_digest(hashlib.sha256(client_key).digest(), creds.stored_key)
+        if self._known and self.current().scram_credentials(self.user) != creds:
+            self._known = False      # removed or changed by a reload meanwhile
         if not (ok and self._known):
             return _auth_failed(self.user, self.name,
                                 "invalid proof" if self._known else "unknown user")
@@ -312,15 +339,18 @@ class _ScramSha256(_Mechanism):
 class Handshake:
     """Protocol-header negotiation and SASL server for one connection."""
 
-    def __init__(self, policy: SaslPolicy, users: UserStore, *,
-                 clock: Callable[[], float] | None = None, external: str | None = None) -> None:
+    def __init__(self, policy: SaslPolicy, users: UserSource, *,
+                 clock: Callable[[], float] | None = None, external: Any = None) -> None:
         self.policy = policy
-        self.users = users
-        self.external = external   # the verified client certificate's user (EXTERNAL), if any
+        self.users = users          # a store, or what gives the one in force (UserSource)
+        # The verified client certificate's user (EXTERNAL), if any: a name, or
+        # security/certs.Identity.
+        self.external = external
         self._clock = clock or time.monotonic
         self.started_at = self._clock()
         self.state = HandshakeState.AWAITING_HEADER
         self.user: str | None = None
+        self.attempted_user: str | None = None   # the name an attempt claimed (throttling)
         self.mechanism: str | None = None
         self.hostname: str | None = None  # from sasl-init, if the client sent one
         self.outcome: SaslCode | None = None  # the sasl-outcome code we sent, if any
@@ -363,6 +393,14 @@ class Handshake:
         out = bytes(self._out)
         self._out.clear()
         return out
+
+    def refuse(self, reason: str) -> None:
+        """Replace an outcome not sent yet with a temporary failure (sys-temp): the
+        authentication throttle answers nothing about the password then."""
+        self._out.clear()
+        self.user = None
+        self.leftover = b""
+        self._fail(reason, SaslCode.SYS_TEMP)
 
     def check_timeout(self) -> bool:
         """Fail the handshake if the client is too slow; True if timed out.
@@ -506,14 +544,15 @@ class Handshake:
                        f"(offered: {', '.join(self.policy.offered)})", SaslCode.AUTH)
             return
         self.mechanism = mech
+        users = _current(self.users)     # the store in force at authentication
         if mech == "ANONYMOUS":
             self._mech = _Anonymous(self.policy.anonymous_user)
         elif mech == "EXTERNAL":
-            self._mech = _External(self.external)
+            self._mech = _External(self.external, users)
         elif mech == "PLAIN":
-            self._mech = _Plain(self.users)
+            self._mech = _Plain(users)
         else:
-            self._mech = _ScramSha256(self.users)
+            self._mech = _ScramSha256(users, lambda: _current(self.users))
         if initial is None and self._mech.needs_initial_response:
             # RFC 4422 §5 (3): no initial response -> empty challenge.
             self._out += encode_challenge(b"")
@@ -523,6 +562,9 @@ class Handshake:
         self._apply(self._mech.start(initial or b""))
 
     def _apply(self, result) -> None:
+        claimed = getattr(self._mech, "claimed", None)
+        if claimed:
+            self.attempted_user = claimed
         if isinstance(result, _Challenge):
             self._out += encode_challenge(result.data)  # §5.3.3.3
             self._awaiting_response = True

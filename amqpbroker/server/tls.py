@@ -1,10 +1,18 @@
 """TLS listeners: the loop's own TLS protocol around each accepted socket, built
 here with a waiter, so that a handshake that fails (a client certificate from an
-unknown CA, none where one is required, a plaintext client on the TLS port) is one
-log line naming the peer and the reason.  `create_server(ssl=…)` drops those
-without a word (asyncio and uvloop report an SSLError only in debug mode).  After
-the handshake the inner protocol (AmqpProtocol, or the WebSocket layer) gets the
-TLS transport, as with `create_server(ssl=…)`: same implementation, same speed."""
+unknown CA, none where one is required, a plaintext client on the TLS port) is
+logged naming the peer and the reason: once per source address, then at most one
+line every 10 s with the count since (a flood of stalled handshakes is one line,
+not one per socket).  `create_server(ssl=…)` drops those without a word (asyncio
+and uvloop report an SSLError only in debug mode).  After the handshake the inner
+protocol (AmqpProtocol, or the WebSocket layer) gets the TLS transport, as with
+`create_server(ssl=…)`: same implementation, same speed.
+
+A TLS socket is a handshake from accept on, like a plain one: it is admitted by
+the server's HandshakeGate (core/handshakes.py; `max_handshakes`,
+`max_handshakes_per_address`, file descriptors in reserve) before the TLS
+handshake, or closed at once; the slot it takes goes to the AMQP layer once TLS is
+done, and the deadline to the AMQP open (`sasl_timeout`) counts from accept."""
 
 from __future__ import annotations
 
@@ -12,6 +20,8 @@ import asyncio
 import logging
 import ssl
 from typing import TYPE_CHECKING, Any, Callable
+
+from ..core.handshakes import LogLimiter
 
 if TYPE_CHECKING:
     from .app import BrokerServer, Listener
@@ -54,12 +64,32 @@ def _ssl_protocol_class(loop: asyncio.AbstractEventLoop) -> type:
 
     class ListenerTls(base):  # type: ignore[misc, valid-type]
         peer = "a client"
+        address = "?"
+        admit: Callable[[str], Any] | None = None     # set by the factory: the gate's slot, or why not
+        inner: Any = None
+        slot: Any = None
+        refused = False
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             peer = transport.get_extra_info("peername")
             if isinstance(peer, tuple):
                 self.peer = f"{peer[0]}:{peer[1]}"
+                self.address = str(peer[0])
+            admitted = self.admit(self.address) if self.admit is not None else None
+            if isinstance(admitted, str):    # refused at accept: logged by the server
+                self.refused = True
+                super().connection_made(transport)
+                transport.abort()
+                return
+            self.slot = admitted
+            if self.inner is not None:
+                self.inner.handshake_slot = admitted
             super().connection_made(transport)
+
+        def connection_lost(self, exc: BaseException | None) -> None:
+            super().connection_lost(exc)
+            if self.slot is not None:       # the TLS handshake never finished (else: AMQP's, once)
+                self.slot.release()
 
     return ListenerTls
 
@@ -77,21 +107,40 @@ def tls_protocol_factory(server: "BrokerServer", listener: "Listener",
     loop = server.loop
     cls = _ssl_protocol_class(loop)
     timeout = server.settings.limits.sasl_timeout
+    failures = LogLimiter(10.0)
+
+    def admit(address: str) -> Any:
+        """The gate's slot for a socket just accepted, or why it is refused."""
+        if not server.resources.may_accept():
+            why: Any = "file descriptors nearly exhausted"
+        else:
+            why = server.handshakes.slot(address, loop.time())
+        if isinstance(why, str):
+            server.handshake_refused(address, why)
+        return why
 
     def make() -> asyncio.Protocol:
         waiter = loop.create_future()
-        proto = cls(loop, inner(), listener.ssl_context, waiter, server_side=True,
+        app = inner()
+        proto = cls(loop, app, listener.ssl_context, waiter, server_side=True,
                     ssl_handshake_timeout=timeout)
-        waiter.add_done_callback(lambda w: _handshake_done(w, listener.name, proto))
+        proto.admit, proto.inner = admit, app
+        waiter.add_done_callback(lambda w: _handshake_done(w, listener.name, proto, failures, loop.time))
         return proto
 
     return make
 
 
-def _handshake_done(waiter: asyncio.Future, listener: str, proto: Any) -> None:
-    if waiter.cancelled() or waiter.exception() is None:
+def _handshake_done(waiter: asyncio.Future, listener: str, proto: Any, failures: LogLimiter,
+                    clock: Callable[[], float]) -> None:
+    if waiter.cancelled() or waiter.exception() is None or proto.refused:
+        return   # done, or refused at accept (logged there)
+    skipped = failures.check(proto.address, clock())
+    if skipped is None:
         return
-    log.warning("%s: TLS handshake with %s failed: %s", listener, proto.peer, describe_failure(waiter.exception()))
+    more = f" ({skipped} more from {proto.address} since the last line)" if skipped else ""
+    log.warning("%s: TLS handshake with %s failed: %s%s", listener, proto.peer,
+                describe_failure(waiter.exception()), more)
 
 
 __all__ = ["describe_failure", "server_context", "tls_protocol_factory"]

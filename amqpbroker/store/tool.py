@@ -117,7 +117,11 @@ def backup(path: Path, dest: Path, compact: bool = True, out: TextIO = sys.stdou
     except StoreDamaged as exc:
         _err(f"store at {store_dir} is damaged, not copied: {exc}")
         return 2
-    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except (OSError, ValueError) as exc:
+        _err(f"cannot create {dest}: {exc}")
+        return 2
     started = time.monotonic()
     try:
         env = lmdb.open(str(store_dir), readonly=True, create=False, max_dbs=64, readahead=False)
@@ -135,6 +139,13 @@ def backup(path: Path, dest: Path, compact: bool = True, out: TextIO = sys.stdou
     return 0 if report.ok else 2
 
 
+def _same_dir(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or (b.exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
+
+
 def restore(src: Path, path: Path, force: bool = False, out: TextIO = sys.stdout) -> int:
     """Put the store copy `src` in place of the store of data dir `path`."""
     src_dir = store_dir_of(src)
@@ -148,6 +159,9 @@ def restore(src: Path, path: Path, force: bool = False, out: TextIO = sys.stdout
         _err(f"{src_dir} is not whole: not restored")
         return 2
     target = store_dir_of(path)
+    if _same_dir(src_dir, target):
+        _err(f"{src_dir} is the store it would replace: nothing to restore (give the backup's directory)")
+        return 2
     target.mkdir(parents=True, exist_ok=True)
     try:
         lock = _lock(target, "restore")
@@ -159,18 +173,21 @@ def restore(src: Path, path: Path, force: bool = False, out: TextIO = sys.stdout
         return 2
     try:
         current = target / DATA_FILE
-        if current.exists() and current.stat().st_size > 0:
-            if not force:
-                _err(f"{target} already holds a store ({current.stat().st_size / MB:,.1f} MB): "
-                     "not replaced without --force")
-                return 2
-            aside = target / f"{DATA_FILE}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"
-            os.replace(current, aside)
-            print(f"the store that was there is kept as {aside}", file=out)
+        replacing = current.exists() and current.stat().st_size > 0
+        if replacing and not force:
+            _err(f"{target} already holds a store ({current.stat().st_size / MB:,.1f} MB): "
+                 "not replaced without --force")
+            return 2
+        # The copy first, whole and synced; only then the store there is put aside:
+        # a copy that fails leaves the data dir as it was.
         tmp = target / f"{DATA_FILE}.restoring"
         shutil.copyfile(src_dir / DATA_FILE, tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+        if replacing:
+            aside = target / f"{DATA_FILE}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"
+            os.link(current, aside)      # kept, and `current` stays in place until replaced
+            print(f"the store that was there is kept as {aside}", file=out)
         os.replace(tmp, current)
         try:
             os.unlink(target / "lock.mdb")   # the reader table of the store replaced: LMDB makes a new one

@@ -25,7 +25,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 @pytest.fixture
 def page_server(tmp_path):
     """The page and rhea's browser bundle over HTTP (another origin than the broker's:
-    WebSocket connections are not bound by the same-origin policy)."""
+    WebSocket connections are not bound by the same-origin policy; the broker's
+    `[websocket] allowed_origins` decides)."""
     wsclient = ensure_node_modules()
     shutil.copy(wsclient / "page.html", tmp_path / "page.html")
     shutil.copy(wsclient / "node_modules" / "rhea" / "dist" / "rhea.js", tmp_path / "rhea.js")
@@ -45,7 +46,7 @@ def run_page(drv, base: str, ws_url: str, address: str, count: int) -> dict:
 
 
 def test_browser_sends_and_receives_over_websocket(broker_factory, driver, page_server):  # noqa: F811
-    b = broker_factory("[websocket]\nport = 0\n")
+    b = broker_factory(f'[websocket]\nport = 0\nallowed_origins = ["{page_server}"]\n')
     ws_url = f"ws://127.0.0.1:{b.ports['ws']}/"
     q = f"browser.{uuid.uuid4().hex[:8]}"
     result = run_page(driver, page_server, ws_url, q, 20)
@@ -62,3 +63,21 @@ def test_browser_sends_and_receives_over_websocket(broker_factory, driver, page_
         assert second["received"][0] == "from tcp"
     finally:
         conn.close()
+
+
+def test_a_page_from_an_origin_not_allowed_reads_nothing(broker_factory, driver, page_server):  # noqa: F811
+    """Cross-site WebSocket hijacking: a page from any site, opened in the browser of
+    someone on the broker's machine, used to read every message of an anonymous
+    loopback broker.  Not in allowed_origins: the upgrade is refused (403)."""
+    b = broker_factory('[websocket]\nport = 0\nallowed_origins = ["https://console.example.com"]\n')
+    q = f"secret.{uuid.uuid4().hex[:8]}"
+    conn = connect(b.url)
+    try:
+        conn.create_sender(q).send(Message(body="payroll"))
+    finally:
+        conn.close()
+    result = run_page(driver, page_server, f"ws://127.0.0.1:{b.ports['ws']}/", q, 1)
+    assert result["error"] is not None and result["received"] == []
+    b.wait_for_log(rf"ws: upgrade request from 127\.0\.0\.1:\d+ refused: a page from "
+                   rf"{page_server.replace('.', '[.]')} may not connect")
+    assert "container=browser-" not in b.log_text()

@@ -71,3 +71,42 @@ def test_backup_refusals(broker_factory, tmp_path):
         r = c.post("/api/backup", json={})
         assert r.status_code == 422 and "dest" in r.json()["error"]
     b.wait_for_log(r"management API: POST /api/backup refused \(409\)")
+
+
+@pytest.mark.parametrize("dest, why", [
+    ("/tmp/a\x00b", "NUL"),
+    ("/tmp/" + "n" * 300, "longer than"),
+    ("/tmp" + "/d" * 2100, "longer than"),
+    ("relative/dir", "absolute path"),
+])
+def test_a_bad_backup_destination_is_a_clean_4xx(broker_factory, dest, why):
+    """A NUL or an over-long name used to answer 500 with a traceback in the log."""
+    b = broker_factory()
+    with api(b) as http:
+        r = http.post("/api/backup", json={"dest": dest})
+    assert 400 <= r.status_code < 500, (r.status_code, r.text)
+    assert set(r.json()) == {"error"} and why in r.json()["error"]
+    assert "Traceback" not in b.log_text()
+    with api(b) as http:       # and the broker still answers
+        assert http.get("/api/overview").status_code == 200
+
+
+def test_restore_of_a_store_onto_itself_keeps_it(broker_factory):
+    """`store restore D --data-dir D --force` used to move the store aside and then
+    fail to copy it: no store left."""
+    from tests.e2e.crash_support import send_durable
+    b = broker_factory()
+    q = uniq("kept")
+    sent = send_durable(b, q, 20, "k")
+    b.stop()
+    store = b.data_dir / "store"
+    size = (store / "data.mdb").stat().st_size
+    for src in (b.data_dir, store):
+        r = subprocess.run([sys.executable, "-m", "amqpbroker.cli", "store", "restore", str(src),
+                            "--data-dir", str(b.data_dir), "--force"], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert "is the store it would replace" in r.stderr
+        assert (store / "data.mdb").stat().st_size == size
+    b.start()
+    got = {mid for mid, _ in drain(b.url, q)}
+    assert got == sent.accepted and len(got) == 20

@@ -48,22 +48,32 @@ def pki(tmp_path_factory):
         "app2": _signed(d, "app2", "/O=Example/CN=app2", ca),
         "nobody": _signed(d, "nobody", "/O=Example/CN=nobody", ca),
         "rogue": _signed(d, "rogue", "/O=Example/CN=app1", rogue),
+        # A CN that reads like the DN a mapping names: never the same thing.
+        "lookalike": _signed(d, "lookalike", "/CN=CN=app2,O=Example", ca),
     }
 
 
-@pytest.fixture(scope="module")
-def cert_broker(pki, tmp_path_factory):
-    from tests.broker_process import BrokerProcess
+def tls_config(pki) -> str:
+    """No anonymous; a TLS listener that requires client certificates from the test CA."""
     cert, key = pki["server"]
-    config = f"""
+    return f"""
 allow_anonymous = false
 [tls]
 port = 0
 cert_file = "{cert}"
 key_file = "{key}"
 client_ca_file = "{pki['ca']}"
-[tls.cert_users]
+"""
+
+
+@pytest.fixture(scope="module")
+def cert_broker(pki, tmp_path_factory):
+    from tests.broker_process import BrokerProcess
+    config = tls_config(pki) + """[tls.cert_users]
 "CN=app2,O=Example" = "billing"
+
+[users.app1]
+[users.billing]
 
 [[acl]]
 user = "app1"
@@ -131,7 +141,7 @@ def test_certificate_of_unknown_ca_fails_the_handshake(cert_broker, pki):
     assert "certificate" in line.lower()
     assert "container=cert-rogue" not in cert_broker.log_text()
     # ... and the broker serves the next client.
-    conn = _external(cert_broker, pki, "nobody", "cert-after-rogue")
+    conn = _external(cert_broker, pki, "app1", "cert-after-rogue")
     conn.close()
 
 
@@ -151,3 +161,61 @@ def test_external_is_offered_only_on_the_verifying_listener(cert_broker):
     plain_line = cert_broker.wait_for_log(r"amqp listening on")
     assert "(SASL EXTERNAL, SCRAM-SHA-256, PLAIN)" in tls_line
     assert "EXTERNAL" not in plain_line
+
+
+def test_a_certificate_user_must_be_a_configured_user(cert_broker, pki):
+    """EXTERNAL consults [users]: a certificate from the right CA whose user is not
+    configured does not log in."""
+    with pytest.raises(ConnectionException):
+        _external(cert_broker, pki, "nobody", "cert-nobody")
+    cert_broker.wait_for_log(r"refused during SASL: .*'nobody'.*not a configured user")
+    assert "container=cert-nobody" not in cert_broker.log_text()
+
+
+def test_a_cn_that_spells_a_mapped_dn_is_not_that_dn(cert_broker, pki):
+    """The subject `CN=CN\\=app2\\,O\\=Example` has one RDN; the mapping's key
+    `CN=app2,O=Example` has two: a DN key matches DNs only, never a CN."""
+    opened = None
+    try:
+        opened = _external(cert_broker, pki, "lookalike", "cert-lookalike")
+        opened.close()
+    except ConnectionException:
+        pass
+    if opened is not None:
+        line = cert_broker.wait_for_log(r"connection open: .*container=cert-lookalike ")
+        assert "user=billing" not in line, line
+    # Its CN is no configured user either: refused, and said why.
+    assert opened is None
+    cert_broker.wait_for_log(r"refused during SASL: .*'CN=app2,O=Example'.*not a configured user")
+
+
+def test_a_user_removed_by_reload_cannot_log_in_again_with_its_certificate(pki, tmp_path):
+    from tests.broker_process import BrokerProcess
+    head = tls_config(pki)
+    acl = """
+[[acl]]
+user = "app1"
+pattern = "orders.#"
+permissions = ["send", "consume"]
+[[acl]]
+user = "root"
+permissions = ["all"]
+[users.root]
+password = "root-pw"
+"""
+    broker = BrokerProcess(tmp_path / "data", config=head + "[users.app1]\n" + acl).start()
+    try:
+        conn = _external(broker, pki, "app1", "cert-before")
+        _round_trip(conn, "orders.eu")
+        broker.reload(head + acl)              # app1 is no longer a user
+        broker.wait_for_log(r"configuration reloaded .*users removed: app1")
+        try:
+            conn.close()
+        except Exception:
+            pass
+        with pytest.raises(ConnectionException):
+            again = _external(broker, pki, "app1", "cert-after")
+            again.close()
+        assert "container=cert-after" not in broker.log_text()
+    finally:
+        broker.stop()

@@ -144,6 +144,52 @@ def test_password_guessing_is_slowed_per_address_and_no_one_else_waits(flood_bro
     flood_broker.wait_for_log(r"3 failed authentications from 127.0.0.4: its next attempts wait")
 
 
+def _login(broker, source: str, user: str, password: str) -> bool:
+    client = RawClient("127.0.0.1", broker.port, container_id=f"login-{source}", sasl_mechs="PLAIN",
+                       user=user, password=password, source=source)
+    try:
+        client.wait(lambda: client.socket_closed or client.conn.state & client.conn.REMOTE_ACTIVE,
+                    timeout=30, what="the answer")
+        return bool(client.conn.state & client.conn.REMOTE_ACTIVE)
+    finally:
+        client.abandon()
+
+
+def _throttled_total(broker) -> float:
+    import httpx
+    text = httpx.get(f"http://127.0.0.1:{broker.ports['management']}/metrics", timeout=10).text
+    return float(text.split("\namqpbroker_auth_throttled_attempts_total ")[1].split()[0])
+
+
+def test_a_good_login_between_guesses_does_not_clear_the_guesses(broker_factory):
+    """One good login between guesses at another user used to clear the address
+    (78 guesses a second).  Counted per attempt: which guesses had to wait."""
+    b = broker_factory(CONFIG.replace("auth_max_delay = 1.0", "auth_max_delay = 0.4")
+                       + '[users.root]\npassword = "root-pw"\n')
+    waited = []
+    for _ in range(6):
+        assert _login(b, "127.0.0.9", "alice", "alice-pw")
+        before = _throttled_total(b)
+        assert not _login(b, "127.0.0.9", "root", "guess")
+        waited.append(_throttled_total(b) - before)
+    assert waited == [0, 0, 0, 1, 1, 1], waited      # 2 free failures, then every guess waits
+
+
+def test_guesses_at_one_user_from_many_addresses_are_slowed_by_name(broker_factory):
+    b = broker_factory(CONFIG.replace("auth_max_delay = 1.0", "auth_max_delay = 0.4\nauth_free_failures_per_user = 2"))
+    waited = []
+    for i in range(5):     # a new address each time: no address is ever slowed
+        before = _throttled_total(b)
+        assert not _login(b, f"127.0.1.{i + 1}", "alice", "guess")
+        waited.append(_throttled_total(b) - before)
+    assert waited == [0, 0, 0, 1, 1], waited     # 2 free failures for the name, then each waits
+    # The answer waits, and still comes: the right password logs in (and clears the name).
+    assert _login(b, "127.0.1.9", "alice", "alice-pw")
+    before = _throttled_total(b)
+    assert not _login(b, "127.0.1.10", "alice", "guess")
+    assert _throttled_total(b) == before
+
+
 def test_queues_one_user_may_create_are_limited(broker_factory):
     from proton import Message
     from proton.utils import LinkDetached, SendException
@@ -182,3 +228,70 @@ def test_protections_show_in_the_metrics(flood_broker):
     refused = float(text.split("\namqpbroker_handshakes_refused_total ")[1].split()[0])
     in_progress = float(text.split("\namqpbroker_handshakes_in_progress ")[1].split()[0])
     assert refused >= 1 and in_progress >= 20
+
+
+# ---------------------------------------------------------------------- TLS listeners
+
+def _tls_broker(broker_factory, tmp_path, limits: str):
+    from tests.e2e.helpers_conn import make_self_signed
+    cert, key = make_self_signed(tmp_path)
+    return broker_factory(f'[limits]\n{limits}\n[tls]\nport = 0\ncert_file = "{cert}"\nkey_file = "{key}"\n')
+
+
+def _wait_closed(socks, count: int, seconds: float = 10.0) -> list[bool]:
+    deadline = time.monotonic() + seconds
+    while True:
+        closed = [closed_by_peer(s) for s in socks]
+        if sum(closed) >= count or time.monotonic() > deadline:
+            return closed
+        time.sleep(0.05)
+
+
+def test_tls_handshakes_count_against_the_handshake_limits(broker_factory, tmp_path):
+    """Sockets stalled before or in their TLS handshake used to be outside the
+    limits: 1,000 kept on amqps against 100 on the plain port."""
+    b = _tls_broker(broker_factory, tmp_path, "max_handshakes_per_address = 5\nsasl_timeout = 60")
+    port = b.ports["amqps"]
+    socks = [socket.create_connection(("127.0.0.1", port), timeout=5, source_address=("127.0.0.11", 0))
+             for _ in range(8)]
+    try:
+        closed = _wait_closed(socks, 3)
+        assert closed == [False] * 5 + [True] * 3, closed      # the sixth and later, at accept
+        b.wait_for_log(r"closed at accept: 5 connections from 127\.0\.0\.11 are in their handshake")
+        # Another address still gets through TLS and SASL to the AMQP open.
+        import ssl
+        ctx = ssl.create_default_context()
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+            with ctx.wrap_socket(raw) as tls:
+                tls.sendall(AMQP_HEADER)
+                assert tls.recv(8) == AMQP_HEADER
+    finally:
+        for s in socks:
+            s.close()
+    # Every slot given back once: none left counted, none counted twice.
+    import httpx
+    url = f"http://127.0.0.1:{b.ports['management']}/metrics"
+    deadline = time.monotonic() + 10
+    while True:
+        text = httpx.get(url, timeout=10).text
+        in_progress = float(text.split("\namqpbroker_handshakes_in_progress ")[1].split()[0])
+        if in_progress == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert in_progress == 0
+
+
+def test_failed_tls_handshakes_log_one_line_per_address(broker_factory, tmp_path):
+    b = _tls_broker(broker_factory, tmp_path, "sasl_timeout = 1")
+    port = b.ports["amqps"]
+    socks = [socket.create_connection(("127.0.0.1", port), timeout=5, source_address=("127.0.0.12", 0))
+             for _ in range(6)]
+    try:
+        assert all(_wait_closed(socks, 6)), "stalled TLS handshakes outlived the deadline"
+    finally:
+        for s in socks:
+            s.close()
+    time.sleep(0.5)
+    lines = [ln for ln in b.log_text().splitlines() if "TLS handshake with 127.0.0.12" in ln]
+    assert len(lines) == 1, lines

@@ -188,3 +188,68 @@ overflow = "reject"
         assert "nothing changed: invalid setting 'users': user 'eve'" in bad.stderr
     finally:
         alice.close()
+
+
+# ---------------------------------------------------------------------- all or nothing
+
+def _anonymous_may_consume(broker, address: str) -> bool:
+    c = RawClient(broker.host, broker.port, container_id=f"anon-{uuid.uuid4().hex[:6]}").wait_open()
+    try:
+        link = c.receiver(c.session(), address, "peek")
+        c.pump_for(0.2)
+        return bool(link.state & Endpoint.REMOTE_ACTIVE) and not detached_unauthorized(link)
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("cut", ["users-only", "empty"])
+def test_a_half_written_file_never_turns_access_control_off(broker_factory, cut):
+    """An editor or `cp` leaves a valid TOML prefix (or an empty file) while it
+    writes: a reload then must not take a configuration without [[acl]]."""
+    b = broker_factory(CONFIG)
+    assert not _anonymous_may_consume(b, "orders.eu")
+    b.reload(USERS if cut == "users-only" else "")
+    line = b.wait_for_log(r"configuration reload by SIGHUP refused, nothing changed")
+    assert "access control off" in line
+    assert not _anonymous_may_consume(b, "orders.eu")
+    # The management API still asks for credentials.
+    assert httpx.get(f"http://127.0.0.1:{b.ports['management']}/api/queues", timeout=10).status_code == 401
+    with api(b, "alice") as http:     # and alice's rules are the old ones
+        assert http.get("/api/overview").status_code == 403
+
+
+def test_turning_access_control_off_needs_allow_open(broker_factory):
+    b = broker_factory(CONFIG)
+    b.config_path.write_text(USERS)
+    with api(b) as http:
+        refused = http.post("/api/reload", headers={"Content-Type": "application/json"})
+        assert refused.status_code == 400
+        assert "--allow-open" in refused.json()["error"]
+        assert not _anonymous_may_consume(b, "orders.eu")
+    env = {"AMQPBROKER_ADMIN_URL": f"http://127.0.0.1:{b.ports['management']}",
+           "AMQPBROKER_ADMIN_USER": "root", "AMQPBROKER_ADMIN_PASSWORD": "root-pw"}
+    refused = run_cli(["admin", "reload"], env=env)
+    assert refused.returncode == 1 and "--allow-open" in refused.stderr
+    taken = run_cli(["admin", "reload", "--allow-open"], env=env)
+    assert taken.returncode == 0, taken.stderr
+    assert "[[acl]] changed" in taken.stdout
+    assert "opened (--allow-open): it turns access control off" in taken.stdout
+    assert _anonymous_may_consume(b, "orders.eu")
+    b.wait_for_log(r"configuration reloaded .* by root: .*access control turned off \(allowed\)")
+
+
+def test_a_socket_accepted_before_a_reload_authenticates_against_the_new_users(broker_factory):
+    """The handshake asks for the user store when the client authenticates, not the
+    one of the moment its socket was accepted."""
+    b = broker_factory(CONFIG)
+    early = RawClient(b.host, b.port, container_id="bob-early", sasl_mechs="PLAIN", user="bob",
+                      password="bob-pw")
+    early.pump(0.2)             # the protocol header is out: the broker has accepted the socket
+    b.reload(CONFIG.replace('[users.bob]\npassword = "bob-pw"\n', ""))
+    b.wait_for_log(r"configuration reloaded .*users removed: bob")
+    try:
+        with pytest.raises(AssertionError):
+            early.wait_open(timeout=3)
+    finally:
+        early.abandon()
+    b.wait_for_log(r"authentication failed for user 'bob' \(PLAIN\): unknown user")

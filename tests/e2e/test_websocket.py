@@ -23,12 +23,15 @@ def uniq(prefix: str) -> str:
     return f"{prefix}.{uuid.uuid4().hex[:8]}"
 
 
-def upgrade_request(port: int, subprotocol: str | None) -> bytes:
+def upgrade_request(port: int, subprotocol: str | None, origin: str | None = None,
+                    host: str | None = None) -> bytes:
     key = base64.b64encode(os.urandom(16)).decode()
-    lines = [f"GET / HTTP/1.1", f"Host: 127.0.0.1:{port}", "Upgrade: websocket", "Connection: Upgrade",
-             f"Sec-WebSocket-Key: {key}", "Sec-WebSocket-Version: 13"]
+    lines = [f"GET / HTTP/1.1", f"Host: {host or f'127.0.0.1:{port}'}", "Upgrade: websocket",
+             "Connection: Upgrade", f"Sec-WebSocket-Key: {key}", "Sec-WebSocket-Version: 13"]
     if subprotocol:
         lines.append(f"Sec-WebSocket-Protocol: {subprotocol}")
+    if origin:
+        lines.append(f"Origin: {origin}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
@@ -120,3 +123,35 @@ def test_upgrade_without_amqp_subprotocol_is_refused(broker_factory):
     assert not garbage.startswith(b"HTTP/1.1 101")
     b.wait_for_log(r"ws: WebSocket protocol error from 127\.0\.0\.1")
     assert rhea_round_trip(f"ws://127.0.0.1:{port}/", uniq("ws"), 1)["error"] is None
+
+
+def test_a_page_from_another_origin_is_refused(broker_factory):
+    """A browser sends the page's Origin on the upgrade; any page could otherwise read
+    every message of an anonymous loopback broker (cross-site WebSocket hijacking)."""
+    b = broker_factory("[websocket]\nport = 0\n")
+    port = b.ports["ws"]
+    refused = http_answer(port, upgrade_request(port, "amqp", origin="http://evil.example"))
+    assert refused.startswith(b"HTTP/1.1 403"), refused[:200]
+    assert b"http://evil.example may not connect" in refused
+    b.wait_for_log(r"ws: upgrade request from 127\.0\.0\.1:\d+ refused: a page from http://evil\.example "
+                   r"may not connect")
+    # Clients that are not browsers send no Origin: they connect as before.
+    assert http_answer(port, upgrade_request(port, "amqp")).startswith(b"HTTP/1.1 101")
+
+
+def test_allowed_origins_and_same_host(broker_factory):
+    b = broker_factory('[websocket]\nport = 0\nallowed_origins = ["https://app.example.com", "same-host"]\n')
+    port = b.ports["ws"]
+
+    def status(origin: str, host: str | None = None) -> bytes:
+        return http_answer(port, upgrade_request(port, "amqp", origin=origin, host=host))[:12]
+
+    assert status("https://app.example.com") == b"HTTP/1.1 101"
+    assert status("https://APP.example.com:443") == b"HTTP/1.1 101"          # the same origin (RFC 6454)
+    assert status("https://app.example.com:8443") == b"HTTP/1.1 403"
+    assert status("http://app.example.com") == b"HTTP/1.1 403"
+    assert status("http://127.0.0.1:8080") == b"HTTP/1.1 101"                 # same host, another port
+    assert status("http://localhost:8080", host=f"localhost:{port}") == b"HTTP/1.1 101"
+    # A name the page's owner controls could be rebound to 127.0.0.1: never "same host".
+    assert status("http://evil.example", host=f"evil.example:{port}") == b"HTTP/1.1 403"
+    assert status("null") == b"HTTP/1.1 403"

@@ -30,14 +30,25 @@ class Clock:
 
 
 class FakeLink:
-    def __init__(self, name: str):
+    def __init__(self, name: str, address: str | None = None, conn: "FakeConn | None" = None):
         self.name = name
         self.condition = None
         self.closed = False
         self.is_sender = True
+        self.remote_source = type("Source", (), {"address": address})()
+        self.conn = conn
+        if conn is not None:
+            conn.links.append(self)
 
     def close(self) -> None:
         self.closed = True
+        if self.conn is not None and self in self.conn.links:
+            self.conn.links.remove(self)
+
+    def next(self, mask: int) -> "FakeLink | None":
+        links = self.conn.links if self.conn is not None else []
+        i = links.index(self) + 1 if self in links else len(links)
+        return links[i] if i < len(links) else None
 
 
 class FakeProtocol:
@@ -59,6 +70,10 @@ class FakeConn:
     def __init__(self) -> None:
         self.condition = None
         self.closed = False
+        self.links: list[FakeLink] = []      # proton's link list, as link_head / next walk it
+
+    def link_head(self, mask: int) -> FakeLink | None:
+        return self.links[0] if self.links else None
 
     def close(self) -> None:
         self.closed = True
@@ -95,7 +110,8 @@ class FakeConsumer:
     def __init__(self, handler: FakeHandler, link_name: str, queue: Any, subscription: Any = None):
         self.consumer_id = next(self._ids)
         self.handler = handler
-        self.link = FakeLink(link_name)
+        address = subscription.source.address if subscription is not None else queue.name
+        self.link = FakeLink(link_name, address, handler.conn)
         self.queue = queue
         self.subscription = subscription
         self.browser = False

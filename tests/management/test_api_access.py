@@ -116,6 +116,7 @@ def test_acl_api_requires_basic_auth_with_manage():
 
 
 def test_acl_manage_is_scoped_to_the_pattern():
+    from tests.management.support import FakeConsumer
     h = acl_harness()
     try:
         mgr = ("mgr", "mgr-pw")
@@ -126,10 +127,73 @@ def test_acl_manage_is_scoped_to_the_pattern():
         assert h.request("POST", "/api/queues/invoices/purge", auth=mgr).status_code == 403
         assert h.request("POST", "/api/queues/invoices/purge", auth=("root", "root-pw")).status_code == 200
         conn = h.connect("app")
+        FakeConsumer(conn, "rcv", h.broker.queues["orders.in"])     # listed: it uses orders.in
         cid = h.get("/api/connections", auth=mgr)[0]["id"]
         assert h.request("DELETE", f"/api/connections/{cid}", auth=mgr).status_code == 403
         assert h.request("DELETE", f"/api/connections/{cid}", auth=("root", "root-pw")).status_code == 200
         assert conn.conn.closed
+    finally:
+        h.close()
+
+
+def test_a_manage_grant_lists_only_what_it_covers():
+    """`manage` on orders.# used to list every tenant's queues and connections."""
+    from tests.management.support import FakeConsumer
+    h = acl_harness()
+    try:
+        mgr, root = ("mgr", "mgr-pw"), ("root", "root-pw")
+        for name in ("orders.in", "orders.eu.paid", "invoices", "hr.salaries"):
+            h.broker.declare_queue(name)
+        h.subscribe("s1", "app", shared_durable_source("orders.eu"))
+        h.subscribe("s2", "app", shared_durable_source("invoices"), binding=None)
+        ours = h.connect("orders-app", user="app")
+        FakeConsumer(ours, "rcv", h.broker.queues["orders.in"])
+        theirs = h.connect("hr-app", user="app")
+        FakeConsumer(theirs, "rcv", h.broker.queues["hr.salaries"])
+        h.connect("idle-app", user="app")
+
+        names = sorted(q["name"] for q in h.get("/api/queues", auth=mgr))
+        assert names[:2] == ["orders.eu.paid", "orders.in"] and len(names) == 3     # + s1's queue
+        assert h.request("GET", "/api/queues", auth=mgr).headers["x-total-count"] == "3"
+        assert all("invoices" not in n and "hr." not in n for n in names)
+        assert [c["container_id"] for c in h.get("/api/connections", auth=mgr)] == ["orders-app"]
+        assert [s["name"] for s in h.get("/api/subscriptions", auth=mgr)] == ["s1"]
+        assert {b["queue"] for b in h.get("/api/bindings", auth=mgr)} <= set(names)
+        assert h.request("GET", "/api/queues/hr.salaries", auth=mgr).status_code == 403
+        assert h.request("GET", "/api/queues/orders.in", auth=mgr).status_code == 200
+        assert h.request("GET", "/metrics", auth=mgr).status_code == 403
+        # manage on '#' sees everything.
+        assert len(h.get("/api/queues", auth=root)) == 6
+        assert len(h.get("/api/connections", auth=root)) == 3
+    finally:
+        h.close()
+
+
+def test_anonymous_never_reaches_the_api_without_the_explicit_setting():
+    """`[anonymous] permissions = ["all"]` on public.# is for AMQP clients: it used
+    to let any request without credentials, from any address, use the API."""
+    def harness(allow: bool) -> Harness:
+        settings = Settings(store=StoreConfig(enabled=False), management=ManagementConfig(allow_anonymous=allow),
+                            users={"root": UserConfig(password="root-pw")},
+                            acl=[AclRuleDecl(user="root", permissions=["all"])],
+                            anonymous=AnonymousDecl(permissions=["all"], pattern="public.#"))
+        return Harness(settings, client_addr="10.9.8.7")
+    h = harness(False)
+    try:
+        h.broker.declare_queue("public.news")
+        h.broker.declare_queue("private.payroll")
+        for path in ("/api/queues", "/api/overview", "/api/connections"):
+            r = h.request("GET", path)
+            assert r.status_code == 401, (path, r.status_code)
+        assert h.request("POST", "/api/queues/public.news/purge").status_code == 401
+    finally:
+        h.close()
+    h = harness(True)
+    try:
+        h.broker.declare_queue("public.news")
+        h.broker.declare_queue("private.payroll")
+        assert [q["name"] for q in h.get("/api/queues")] == ["public.news"]
+        assert h.request("POST", "/api/queues/private.payroll/purge").status_code == 403
     finally:
         h.close()
 
@@ -188,6 +252,47 @@ def test_wrong_passwords_slow_down_their_address_only(caplog):
         text = h.request("GET", "/metrics", auth=("root", "root-pw"), client="10.0.0.7").text
         assert 'amqpbroker_auth_failures_total{listener="management"} 9.0' in text
         assert 'amqpbroker_auth_throttled_addresses{listener="all"} 0.0' in text
+    finally:
+        h.close()
+
+
+def test_a_good_login_between_guesses_does_not_clear_the_guesses():
+    """Alternating one good login with a guess at another user's password: each
+    success used to clear the address, so every guess went unslowed (552 a second)."""
+    h = acl_harness(auth_free_failures=2, auth_base_delay=0.5, auth_max_delay=4.0)
+    sleeps = h.ops.authenticator.sleep = Sleeps()
+    try:
+        guess_waits = []
+        for _ in range(6):
+            assert h.request("GET", "/api/queues", auth=("root", "root-pw"), client="10.0.0.66").status_code == 200
+            before = len(sleeps.waits)
+            assert h.request("GET", "/api/queues", auth=("app", "guess"), client="10.0.0.66").status_code == 401
+            guess_waits.append(sum(sleeps.waits[before:]))
+        assert guess_waits == [0, 0, 0, 0.5, 1.0, 2.0], "the guesses at 'app' keep counting"
+        # The right password for the name that was guessed clears that name's failures
+        # (a typo, then the right one), and only those.
+        assert h.request("GET", "/api/queues", auth=("root", "wrong"), client="10.0.0.67").status_code == 401
+        assert h.request("GET", "/api/queues", auth=("root", "root-pw"), client="10.0.0.67").status_code == 200
+        assert h.ops.auth_throttle.failures("10.0.0.67") == 0
+    finally:
+        h.close()
+
+
+def test_guesses_at_one_name_from_many_addresses_are_slowed_by_name():
+    h = acl_harness(auth_free_failures=2, auth_free_failures_per_user=4, auth_base_delay=0.5,
+                    auth_max_delay=4.0)
+    sleeps = h.ops.authenticator.sleep = Sleeps()
+    try:
+        waits = []
+        for i in range(7):     # a new address for every guess: no address is ever slowed
+            before = len(sleeps.waits)
+            assert h.request("GET", "/api/queues", auth=("root", f"guess{i}"),
+                             client=f"10.1.0.{i + 1}").status_code == 401
+            waits.append(sum(sleeps.waits[before:]))
+        assert waits == [0, 0, 0, 0, 0, 0.5, 1.0]
+        before = len(sleeps.waits)     # another name from another address: not slowed
+        assert h.request("GET", "/api/queues", auth=("mgr", "mgr-pw"), client="10.2.0.1").status_code == 200
+        assert sleeps.waits[before:] == []
     finally:
         h.close()
 

@@ -121,3 +121,39 @@ def test_restart_needed_for_other_settings_only():
     summary = p.summary()
     assert summary["restart_needed"] == ["port", "queues (other than limits)"]
     assert "needs a restart to apply: port" in p.describe()
+
+
+# ---------------------------------------------------------------------- what a reload would open
+
+def opens(old: Settings, new: Settings) -> list[str]:
+    from amqpbroker.security.reload import opens_access
+    return opens_access(old, new, policy_from(old), policy_from(new))
+
+
+def test_a_file_without_acl_rules_turns_access_control_off():
+    cut = Settings(users=BASE["users"])            # a prefix of the file: the users, no [[acl]]
+    assert [w.split(" (")[0] for w in opens(settings(), cut)] == ["it turns access control off"]
+    assert opens(settings(), Settings()) == [      # an empty file
+        "it turns access control off (no [[acl]] rule and no [anonymous] section left: everyone may do everything)",
+        "it removes every user (2 configured now)"]
+
+
+def test_ordinary_edits_open_nothing():
+    fewer_rules = settings(acl=BASE["acl"][:1])
+    fewer_users = settings(users={"alice": BASE["users"]["alice"]})
+    more_rules = settings(acl=BASE["acl"] + [{"user": "bob", "pattern": "x.#", "permissions": ["send"]}])
+    for new in (settings(), fewer_rules, fewer_users, more_rules):
+        assert opens(settings(), new) == []
+    # Without access control running, nothing can be opened further.
+    assert opens(Settings(), Settings()) == [] and opens(Settings(), settings()) == []
+
+
+def test_more_for_anonymous_is_an_opening():
+    narrow = settings(anonymous={"permissions": ["consume"], "pattern": "public.#"})
+    cut_before_pattern = settings(anonymous={"permissions": ["consume"]})     # pattern defaults to '#'
+    more = settings(anonymous={"permissions": ["consume", "send"], "pattern": "public.#"})
+    fewer = settings(anonymous={"permissions": [], "pattern": "public.#"})
+    assert "anonymous identity more" in opens(narrow, cut_before_pattern)[0]
+    assert "send" in opens(narrow, more)[0]
+    assert opens(narrow, fewer) == [] and opens(narrow, settings()) == []
+    assert "nothing now" in opens(settings(), narrow)[0]

@@ -38,12 +38,50 @@ def test_other_addresses_are_never_slowed():
     assert t.delay("10.0.0.2") == 0
 
 
-def test_success_clears_an_address():
+def test_a_success_forgives_the_failures_of_its_own_name():
     t, _ = throttle(free_failures=0)
-    t.failed("a")
-    t.failed("a")
-    t.succeeded("a")
+    t.failed("a", "alice")
+    t.failed("a", "alice")
+    t.succeeded("a", "alice")             # typos, then the right password
     assert t.delay("a") == 0 and t.failures("a") == 0
+
+
+def test_a_success_does_not_clear_guesses_at_other_names():
+    """One good login between guesses used to clear the address: 78 guesses/s."""
+    t, _ = throttle(free_failures=2, base_delay=0.5, max_delay=4.0)
+    delays = []
+    for _ in range(6):
+        t.succeeded("a", "mallory")        # the guesser's own account, between guesses
+        delays.append(t.delay("a", "alice"))
+        t.failed("a", "alice")
+    assert delays == [0, 0, 0, 0.5, 1.0, 2.0]
+    t.succeeded("a", "mallory")
+    assert t.failures("a") == 6
+    t.succeeded("a", None)                 # a login that names no one forgives nothing
+    assert t.failures("a") == 6
+
+
+def test_guesses_at_one_name_from_many_addresses_slow_that_name():
+    t, _ = throttle(free_failures=2, free_failures_per_user=3, base_delay=0.5, max_delay=4.0)
+    delays = [t.delay("10.0.0.%d" % i, "alice") for i in range(1)]
+    for i in range(6):
+        delays.append(t.delay(f"10.0.1.{i}", "alice"))
+        t.failed(f"10.0.1.{i}", "alice")
+    assert delays == [0, 0, 0, 0, 0, 0.5, 1.0]
+    assert t.user_delay("bob") == 0 and t.address_delay("10.0.9.9") == 0
+    t.succeeded("10.0.9.9", "alice")       # the real alice logs in: her name's record goes
+    assert t.user_delay("alice") == 0
+
+
+def test_turns_space_the_attempts_and_refuse_beyond_the_queue():
+    from amqpbroker.security.throttle import Turns
+    clock = Clock()
+    turns = Turns(clock, max_waiting=3)
+    assert turns.take("a", 0) == 0
+    assert [turns.take("a", 2.0) for _ in range(4)] == [2.0, 4.0, 6.0, None]
+    assert turns.take("b", 2.0) == 2.0    # another key has its own turns
+    clock.t += 10
+    assert turns.take("a", 2.0) == 2.0
 
 
 def test_an_address_that_stops_failing_is_forgotten():
@@ -60,7 +98,7 @@ def test_memory_stays_bounded_under_a_flood_of_addresses():
     for i in range(1000):
         clock.t += 0.001
         t.failed(f"10.0.{i // 256}.{i % 256}")
-    assert len(t._records) <= 100
+    assert len(t._addresses.records) <= 100
     assert t.failures("10.0.3.231") == 1       # the latest is kept
 
 

@@ -793,3 +793,41 @@ def test_leftover_feeds_a_proton_server_transport(store):
     assert server_conn.state & Endpoint.REMOTE_ACTIVE
     assert client_conn.state & Endpoint.REMOTE_ACTIVE
     assert server_conn.remote_hostname == "broker.example"
+
+
+# --------------------------------------------------------------------------
+# the user store in force at authentication (a live reload meanwhile)
+# --------------------------------------------------------------------------
+
+
+def test_plain_uses_the_store_in_force_when_the_client_authenticates(store):
+    stores = {"now": store}
+    hs = Handshake(SaslPolicy(ALL, False), lambda: stores["now"])
+    start_sasl(hs)
+    stores["now"] = UserStore({"alice": "wonderland"})      # bob removed after accept
+    hs.feed(init("PLAIN", b"\0bob\0secret"))
+    assert "unknown user" in assert_failed(hs)
+    assert hs.attempted_user == "bob"
+
+
+def test_scram_fails_when_the_user_is_removed_between_its_messages(store):
+    stores = {"now": store}
+    hs = Handshake(SaslPolicy(ALL, False), lambda: stores["now"])
+    start_sasl(hs)
+    client = ScramClient("bob", "secret")
+    server_first = scram_challenge(hs, client)
+    stores["now"] = UserStore({"alice": "wonderland"})
+    hs.feed(response(client.final(server_first)))
+    assert "unknown user" in assert_failed(hs)
+
+
+def test_scram_passes_when_a_reload_keeps_the_user_as_it_was(store):
+    kept = hash_password("secret", iterations=64)
+    stores = {"now": UserStore({"bob": kept})}
+    hs = Handshake(SaslPolicy(ALL, False), lambda: stores["now"])
+    start_sasl(hs)
+    client = ScramClient("bob", "secret")
+    server_first = scram_challenge(hs, client)
+    stores["now"] = UserStore({"bob": kept, "carol": "x"})   # a reload that changed someone else
+    hs.feed(response(client.final(server_first)))
+    assert outcome_of(read_server(hs))[0] == OK

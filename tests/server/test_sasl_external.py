@@ -13,7 +13,7 @@ MECHS = ("EXTERNAL", "SCRAM-SHA-256", "PLAIN")
 
 
 def make(external: str | None) -> Handshake:
-    return Handshake(SaslPolicy(MECHS, False), UserStore({}), external=external)
+    return Handshake(SaslPolicy(MECHS, False), UserStore({}, accounts=["app1"]), external=external)
 
 
 def test_offered_first():
@@ -60,3 +60,30 @@ def test_not_offered_without_it():
     start_sasl(hs)
     hs.feed(init("EXTERNAL", b""))
     assert "not offered" in assert_failed(hs, AUTH)
+
+
+def test_a_certificate_user_must_be_a_configured_user():
+    hs = Handshake(SaslPolicy(MECHS, False), UserStore({"alice": "pw"}, accounts=["bob"]), external="app1")
+    start_sasl(hs)
+    hs.feed(init("EXTERNAL", b""))
+    assert "not a configured user" in assert_failed(hs, AUTH)
+    assert hs.attempted_user == "app1"
+
+
+def test_the_user_store_in_force_at_login_decides():
+    """A reload that removes the certificate's user after the socket was accepted:
+    the handshake asks for the store when the client authenticates."""
+    stores = {"now": UserStore({}, accounts=["app1"])}
+    hs = Handshake(SaslPolicy(MECHS, False), lambda: stores["now"], external="app1")
+    start_sasl(hs)
+    stores["now"] = UserStore({}, accounts=["someone-else"])
+    hs.feed(init("EXTERNAL", b""))
+    assert "not a configured user" in assert_failed(hs, AUTH)
+
+
+def test_why_a_certificate_names_no_one_is_said():
+    from amqpbroker.security.certs import Identity
+    hs = make(Identity(None, "CN=a,CN=b", "subject 'CN=a,CN=b' has 2 CNs: ambiguous"))
+    start_sasl(hs)
+    hs.feed(init("EXTERNAL", b""))
+    assert "has 2 CNs: ambiguous" in assert_failed(hs, AUTH)
