@@ -565,9 +565,13 @@ class ConnectionHandler:
                         self._reject(producer, dlv, UNAUTHORIZED, denied)
                         return
                 target = self.broker.resolve_for_relay(msg)
-                # A relay transfer for a block queue without room waits (server/flow.py).
-                full = producer.parked or self.server.flow.relay_wait(msg, target)
-                if full:
+                # A relay transfer for a block queue without room waits, and so do the
+                # ones after it (server/flow.py).
+                if producer.parked:
+                    producer.park(dlv, msg, target, None)
+                    return
+                full = self.server.flow.relay_wait(msg, target)
+                if full is not None:
                     producer.park(dlv, msg, target, full)
                     return
         except _REFUSALS as exc:

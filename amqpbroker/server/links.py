@@ -447,15 +447,16 @@ class Producer:
     # --- relay transfers waiting for room
 
     def park(self, dlv: Any, msg: Any, target: Any, queue: Any) -> None:
-        """A relay transfer for a block queue without room: it waits, unsettled, holding
-        its place in the session's answers, and the producer is held on that queue."""
+        """A relay transfer for a block queue without room (`queue`; None: one waits
+        already, this one waits behind it): it waits, unsettled, holding its place in
+        the session's answers, and the producer is held on that queue."""
         slot = None
         if not lib.pn_delivery_settled(dlv):
             slot = [dlv, None, None, False, None, self]
             self.order.add(slot)
         self.parked.append((dlv, msg, target, slot))
         gate = self.handler.server.flow
-        if self.held is None and gate is not None:
+        if queue is not None and self.held is None and gate is not None:
             gate.hold_on(self, queue)
 
     def resume_parked(self) -> bool:

@@ -132,3 +132,28 @@ def test_a_peer_ignoring_credit_on_an_unlimited_queue_is_stopped_too(broker):
         assert accepted < 3000 and depth(broker, q) == accepted
     finally:
         client.close()
+
+
+def test_a_large_transfer_beyond_credit_is_refused_at_its_first_frame(broker):
+    """A message of many frames (8 MiB in 64 KiB frames) beyond the credit (during an
+    alarm: no top-up after the first grant) ends the link like a small one, and nothing
+    of it is queued.  (The broker checks each frame of a partial delivery, so it need
+    not wait for the rest; from outside that cannot be told apart on loopback.)"""
+    q = uid("plain")
+    client, ssn, snd = open_liar(broker, q)
+    with api(broker) as c:   # no more credit than the first grant from now on
+        assert c.put("/api/alarms", json={"memory_high_watermark_absolute": 1}).json()["blocking"] is True
+    try:
+        within = flood(client, snd, CREDIT)
+        big = snd.delivery(b"big")
+        snd.send(Message(body=b"x" * (8 << 20)).encode())   # frames of at most max_frame_size
+        snd.advance()
+        client.wait(lambda: snd.state & REMOTE_CLOSED, 30, "the broker ending the link")
+        assert snd.remote_condition.name == TRANSFER_LIMIT
+        client.pump_for(0.2)
+        assert all(d.remote_state == Delivery.ACCEPTED for d in within) and not big.remote_state
+        assert depth(broker, q) == CREDIT
+    finally:
+        client.close()
+        with api(broker) as c:
+            c.put("/api/alarms", json={"memory_high_watermark_absolute": 10**18})

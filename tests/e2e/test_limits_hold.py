@@ -294,3 +294,28 @@ def test_transactional_sends_count_against_a_block_queue(broker):
     finally:
         client.close()
     assert depth(broker, q) == 5
+
+
+def test_relay_transfers_waiting_for_room_are_released_when_their_link_goes(broker):
+    """A relay producer detached while its transfers wait for room: they are answered
+    `released` (not taken), never queued, and the session's other links are answered
+    as before (nothing waits behind them any more)."""
+    q = uid("blk10.q")
+    client = jms_client(broker)
+    try:
+        ssn = client.session()
+        relay = JmsProducer(client, ssn, None)
+        client.wait(lambda: relay.link.credit > 0, what="relay credit")
+        sent = [relay.send_async(f"r{i}", to=q) for i in range(15)]
+        client.wait(lambda: sum(1 for d in sent if d.remote_state) >= 10, 15, "the first ten outcomes")
+        wait_held(broker, [client], [], 1)
+        relay.link.close()
+        client.wait(lambda: all(d.remote_state for d in sent), 15, "answers for the waiting five")
+        assert [d.remote_state for d in sent[10:]] == [Delivery.RELEASED] * 5
+        other = JmsProducer(client, ssn, uid("other"))
+        assert other.send_sync("after").remote_state == Delivery.ACCEPTED
+    finally:
+        client.close()
+    assert depth(broker, q) == 10
+    with api(broker) as c:
+        assert c.get("/api/alarms").json()["producers_held"] == 0
