@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-ab-"))
     bins = {"baseline": str(baseline_launcher(tree, tmp)), "this tree": str(harness.AMQPBROKER)}
     brokers: dict[str, harness.Broker] = {}
-    runs: list[tuple[str, bool, float | None]] = []
+    runs: list[tuple[str, bool, float | None, float | None]] = []   # (label, durable, msgs/s, broker CPU µs/msg)
     try:
         for label, exe in bins.items():
             hargs = harness.parse_args(["--brokers", "amqpbroker", "--scenarios", "p2p", "--messages",
@@ -94,9 +94,11 @@ def main(argv=None) -> int:
                     ns.durable = durable
                     r = harness.run_loadgen(b, "p2p", rep, ns)
                     rate = None if r.get("error") else r.get("msgs_per_s")
-                    runs.append((label, durable, rate))
+                    cpu = None if r.get("error") else r.get("broker_cpu_us_per_msg")
+                    runs.append((label, durable, rate, cpu))
                     harness.log(f"rep {rep + 1}/{a.repeat} {label:10s} {'durable' if durable else 'non-durable':12s} "
                                 f"{harness.fmt_rate(rate)} msgs/s  broker CPU {r.get('broker_cpu_pct', 0):.0f}%"
+                                f" {cpu or 0:.1f} µs/msg"
                                 + (f"  ERROR {r['error']}" if r.get("error") else ""))
     except KeyboardInterrupt:
         harness.log("interrupted: cleaning up")
@@ -105,15 +107,18 @@ def main(argv=None) -> int:
             b.stop()
     print()
     print(f"p2p, {a.messages:,} x {a.size} B, window 1000, credit 1000 (median of {a.repeat}; baseline {tree})")
-    medians = {}
+    medians, cpus = {}, {}
     for durable in (False, True):
         for label in bins:
-            medians[label, durable] = harness.med([r for lb, d, r in runs if lb == label and d == durable])
+            medians[label, durable] = harness.med([r for lb, d, r, _ in runs if lb == label and d == durable])
+            cpus[label, durable] = harness.med([c for lb, d, _, c in runs if lb == label and d == durable])
             print(f"{label:10s} {'durable' if durable else 'non-durable':12s} "
-                  f"{harness.fmt_rate(medians[label, durable]):>10} msgs/s")
+                  f"{harness.fmt_rate(medians[label, durable]):>10} msgs/s  {cpus[label, durable] or 0:6.1f} µs broker CPU/msg")
     for durable in (False, True):
         kind = "durable" if durable else "non-durable"
-        print(f"this tree / baseline, {kind:12s} {harness.fmt_ratio(medians['this tree', durable], medians['baseline', durable])}")
+        print(f"this tree / baseline, {kind:12s} rate {harness.fmt_ratio(medians['this tree', durable], medians['baseline', durable])}"
+              f"  CPU per message {harness.fmt_ratio(cpus['this tree', durable], cpus['baseline', durable])}"
+              " (below 1× is cheaper)")
     shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
