@@ -18,9 +18,9 @@ not taken yet, which includes the transfers that arrived but are not taken yet.
 **Credit in proportion to room** (`overflow = "block"`, core/limits.py).  A block
 queue's room is what it may still take: its limit, minus what it holds, minus what
 open transactions have staged for it (`room`).  The producers whose target reaches it
-share that room as credit (`share`): each may hold at most an even share of it, and
-all of them together never more than the room, counting the outstanding credit each
-already holds.  So producers with a
+share that room as credit (`share`): each may hold at most an even share of it (one
+share kept for whoever comes next), and all of them together never more than the room,
+counting the outstanding credit each already holds.  So producers with a
 target never take a block queue over `max_depth`; credit a producer holds but does not
 use is room the others wait for.  A bytes limit is turned into messages with the size
 expected of one message; with none known yet, one message at a time.
@@ -65,11 +65,14 @@ def room(limits: QueueLimits | None, depth: int, size: int, staged: int = 0, sta
 
 def share(room_left: int, reserved_by_others: int, producers: int, window: int) -> int:
     """The credit one of `producers` feeding a block queue may hold: an even share of
-    the room (rounded up), no more than what the other producers' outstanding credit
-    leaves of it, and no more than its window (`limits.link_credit`)."""
+    the room between them and one more (rounded up: the room is never all promised to
+    the producers that asked first, so one that comes next, or a relay transfer, finds
+    some; a lone producer is given half of what is left at a time), no more than what
+    the other producers' outstanding credit leaves of the room, and no more than its
+    window (`limits.link_credit`)."""
     if room_left <= 0:
         return 0
-    even = -(-room_left // max(producers, 1))
+    even = -(-room_left // (max(producers, 1) + 1))
     return max(0, min(window, even, room_left - reserved_by_others))
 
 

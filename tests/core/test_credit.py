@@ -47,33 +47,46 @@ def test_room(limits, depth, size, staged, staged_bytes, message_size, expected)
 
 
 @pytest.mark.parametrize("room_left, reserved, producers, window, expected", [
-    (100, 0, 1, 1000, 100),      # one producer: all the room, not a window beyond it
+    (100, 0, 1, 1000, 50),       # one producer: half of the room at a time, never a window beyond it
+    (1, 0, 1, 1000, 1),          # ... and the last message of it
+    (2, 0, 1, 1000, 1),
     (100, 0, 1, 20, 20),         # never more than its window
-    (100, 0, 4, 1000, 25),       # an even share
-    (10, 0, 3, 1000, 4),         # rounded up: nobody starves while there is room
+    (100, 0, 4, 1000, 20),       # an even share, one kept for whoever comes next
+    (10, 0, 3, 1000, 3),         # rounded up: nobody starves while there is room
     (100, 90, 2, 1000, 10),      # what the others hold is not room
     (100, 100, 2, 1000, 0),      # all promised to the others
     (100, 150, 2, 1000, 0),      # more promised than there is (the limit was lowered)
     (0, 0, 1, 1000, 0),          # full
     (-3, 0, 1, 1000, 0),         # over
-    (5, 0, 0, 1000, 5),          # not counted yet among the producers
+    (5, 0, 0, 1000, 3),          # not counted yet among the producers
 ])
 def test_share(room_left, reserved, producers, window, expected):
     assert share(room_left, reserved, producers, window) == expected
 
 
 def test_producers_sharing_room_never_hold_more_than_the_room():
-    """Producers asking in turn, each granted its share of what is left: the credit held
-    altogether stays within the room, and each gets some while there is room."""
-    for room_left in (1, 7, 100):
+    """Producers asking in turn, each granted its share of what is left and using it:
+    the credit held altogether never exceeds the room left, each gets some while there
+    is room, and the queue fills exactly to its limit."""
+    for limit in (1, 7, 100):
         for n in (1, 2, 3, 8):
-            held = [0] * n
-            for _ in range(3):
+            depth, held = 0, [0] * n
+            for _ in range(10 * limit + 10):
                 for i in range(n):
-                    others = sum(held) - held[i]
-                    held[i] = max(held[i], share(room_left, others, n, 1000))
-            assert sum(held) <= room_left
-            assert sum(held) == room_left, "all the room is given out"
+                    left = limit - depth
+                    held[i] = max(held[i], share(left, sum(held) - held[i], n, 1000))
+                    assert sum(held) <= left
+                    if held[i]:           # it sends one
+                        held[i] -= 1
+                        depth += 1
+            assert depth == limit, (limit, n)
+
+
+def test_the_first_producer_leaves_room_for_the_next():
+    room_left, holds = 10, []
+    for n in (1, 2, 3):
+        holds.append(share(room_left, sum(holds), n, 1000))
+    assert holds == [5, 4, 1] and sum(holds) <= room_left
 
 
 @pytest.mark.parametrize("target, expected", [(1000, 500), (20, 10), (3, 2), (1, 1), (0, 1)])
