@@ -480,8 +480,14 @@ class Producer:
         return True
 
     def _drop_parked(self) -> None:
-        """The link ended: its waiting relay transfers were not taken (released)."""
+        """The link ended: its waiting relay transfers were not taken (released).  When
+        the session or connection is ending, nothing can be answered (the slots are
+        cancelled with the session's answers, `abandon`)."""
         parked, self.parked = self.parked, deque()
+        session = lib.pn_link_session(self.impl)
+        if (lib.pn_session_state(session) & _REMOTE_CLOSED
+                or lib.pn_connection_state(lib.pn_session_connection(session)) & _REMOTE_CLOSED):
+            return
         for dlv, _, _, slot in parked:
             if slot is not None:
                 slot[1] = RELEASED

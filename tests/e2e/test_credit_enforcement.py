@@ -33,7 +33,9 @@ overflow = "block"
 
 @pytest.fixture
 def broker(broker_factory):
-    return broker_factory(CONFIG)
+    b = broker_factory(CONFIG)
+    yield b
+    assert "Traceback" not in b.log_text(), "the broker met an error it did not expect"
 
 
 def api(broker) -> httpx.Client:

@@ -20,7 +20,7 @@ import pytest
 from proton import Delivery, Message
 
 from tests.client import connect, receive_all
-from tests.e2e.helpers_conn import RawClient
+from tests.e2e.helpers_conn import REMOTE_CLOSED, RawClient
 from tests.e2e.helpers_delivery import uid
 from tests.e2e.jms_producers import JmsProducer
 from tests.e2e.jms_txn import TxnSession
@@ -55,7 +55,9 @@ overflow = "reject"
 
 @pytest.fixture
 def broker(broker_factory):
-    return broker_factory(CONFIG)
+    b = broker_factory(CONFIG)
+    yield b
+    assert "Traceback" not in b.log_text(), "the broker met an error it did not expect"
 
 
 def api(broker) -> httpx.Client:
@@ -319,3 +321,48 @@ def test_relay_transfers_waiting_for_room_are_released_when_their_link_goes(brok
     assert depth(broker, q) == 10
     with api(broker) as c:
         assert c.get("/api/alarms").json()["producers_held"] == 0
+
+
+def test_ending_the_session_or_connection_of_waiting_relay_transfers_loses_nothing_queued(broker):
+    """Relay transfers waiting for room when their session ends, and others when their
+    connection closes: nothing of them is queued, nothing is answered on what ended,
+    and the broker goes on (the same connection opens a new session and sends)."""
+    q = uid("blk10.q")
+    client = jms_client(broker)
+    try:
+        for _ in range(2):
+            ssn = client.session()
+            relay = JmsProducer(client, ssn, None)
+            client.wait(lambda: relay.link.credit > 0, what="relay credit")
+            sent = [relay.send_async(f"r{i}", to=q) for i in range(12)]
+            client.wait(lambda: sum(1 for d in sent if d.remote_state) >= 10, 15, "the first ten outcomes")
+            wait_held(broker, [client], [], 1)
+            ssn.close()
+            client.wait(lambda: ssn.state & REMOTE_CLOSED, what="end")
+            assert depth(broker, q) == 10
+            assert held(broker) == 0
+            conn = connect(broker.url)
+            try:
+                receive_all_n(conn, q, 10)   # room again for the next round
+            finally:
+                conn.close()
+        other = JmsProducer(client, client.session(), uid("other"))
+        assert other.send_sync("still served").remote_state == Delivery.ACCEPTED
+        ssn = client.session()
+        relay = JmsProducer(client, ssn, None)
+        client.wait(lambda: relay.link.credit > 0, what="relay credit")
+        for i in range(12):
+            relay.send_async(f"c{i}", to=q)
+        wait_held(broker, [client], [], 1)
+    finally:
+        client.close()
+    assert depth(broker, q) == 10
+    assert held(broker) == 0
+
+
+def receive_all_n(conn, q: str, n: int) -> None:
+    rcv = conn.create_receiver(q, credit=n)
+    for _ in range(n):
+        rcv.receive(timeout=10)
+        rcv.accept()
+    rcv.close()

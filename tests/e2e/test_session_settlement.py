@@ -34,7 +34,9 @@ overflow = "reject"
 
 @pytest.fixture
 def broker(broker_factory):
-    return broker_factory(CONFIG)
+    b = broker_factory(CONFIG)
+    yield b
+    assert "Traceback" not in b.log_text(), "the broker met an error it did not expect"
 
 
 def settled_ids(log: DispositionLog) -> list[tuple[int, int | None]]:
