@@ -345,9 +345,11 @@ class Producer:
     def on_delivery(self, dlv: Any) -> None:
         """A transfer arrived (dlv: raw pn_delivery_t*)."""
         impl = self.impl
+        if dlv != lib.pn_link_current(impl):
+            return   # the peer's disposition for one taken already (read only the current one)
         if lib.pn_delivery_aborted(dlv):
             lib.pn_delivery_settle(dlv)   # (and moves past it: it used its credit too)
-            self._check_credit(dlv, lib.pn_link_credit(impl) + 1)
+            self._beyond_credit(lib.pn_link_credit(impl) + 1)
             return
         pending = lib.pn_delivery_pending(dlv)
         if pending > self.max_message_size:
@@ -355,13 +357,15 @@ class Producer:
             return
         if lib.pn_delivery_partial(dlv):
             # Its first frame used the credit: a peer beyond it is stopped before the rest.
-            self._check_credit(dlv, lib.pn_link_credit(impl))
+            if self._beyond_credit(lib.pn_link_credit(impl)):
+                lib.pn_delivery_settle(dlv)
             return
         buf = bytearray(pending)
         n = lib.pn_link_recv(impl, ffi.from_buffer(buf), pending)
         lib.pn_link_advance(impl)
         credit = lib.pn_link_credit(impl)   # counted down by the advance
-        if credit < 0 and self._check_credit(dlv, credit + 1):
+        if credit < 0 and self._beyond_credit(credit + 1):
+            lib.pn_delivery_settle(dlv)
             return
         self.last_size = pending
         self.handler.receive(self, dlv, bytes(buf) if n == pending else bytes(buf[:max(n, 0)]))
@@ -372,9 +376,11 @@ class Producer:
         """A control link's delivery: its bytes once complete; None while partial, when
         aborted (settled), or beyond the credit (the link is ended)."""
         impl = self.impl
+        if dlv != lib.pn_link_current(impl):
+            return None
         if lib.pn_delivery_aborted(dlv):
             lib.pn_delivery_settle(dlv)
-            self._check_credit(dlv, lib.pn_link_credit(impl) + 1)
+            self._beyond_credit(lib.pn_link_credit(impl) + 1)
             return None
         if lib.pn_delivery_partial(dlv):
             return None
@@ -383,23 +389,23 @@ class Producer:
         n = lib.pn_link_recv(impl, ffi.from_buffer(buf), pending)
         lib.pn_link_advance(impl)
         credit = lib.pn_link_credit(impl)
-        if credit < 0 and self._check_credit(dlv, credit + 1):
+        if credit < 0 and self._beyond_credit(credit + 1):
+            lib.pn_delivery_settle(dlv)
             return None
         if credit < self.low:
             self.top_up()
         return bytes(buf) if n == pending else bytes(buf[:max(n, 0)])
 
-    def _check_credit(self, dlv: Any, credit_left: int) -> bool:
+    def _beyond_credit(self, credit_left: int) -> bool:
         """AMQP 1.0 §2.6.7: a transfer beyond the credit granted is a protocol violation.
-        The link is ended with amqp:link:transfer-limit-exceeded (§2.8.16) and the
-        transfer is dropped, never queued.  `credit_left`: the credit not counting `dlv`.
-        True when `dlv` was beyond."""
+        When the transfer being taken is one (`credit_left`: the credit not counting it),
+        the link is ended with amqp:link:transfer-limit-exceeded (§2.8.16) and True is
+        returned: the caller drops the transfer, never queues it."""
         if not beyond_credit(credit_left):
             return False
         log.warning("connection %s (container %s): link '%s': transfer beyond the credit granted "
                     "(AMQP 1.0 §2.6.7); link ended with %s", self.handler.protocol.peer,
                     self.handler.container_id, self.link.name, TRANSFER_LIMIT)
-        lib.pn_delivery_settle(dlv)
         self._end_link(TRANSFER_LIMIT, "transfer beyond the link credit granted")
         return True
 
