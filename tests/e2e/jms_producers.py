@@ -4,8 +4,9 @@
 * link name `qpid-jms:sender:<producerId>:<address>`, target capability `queue`
   (or a null target address for the anonymous relay), source address the link name,
   snd-settle-mode unsettled, rcv-settle-mode first;
-* messages with message-id `ID:…`, `x-opt-jms-dest` and `x-opt-jms-msg-type`
-  annotations, durable (persistent, the JMS default) unless told otherwise;
+* messages with message-id `ID:…`, `to` (the destination, on every message, as Qpid JMS
+  sets it), `x-opt-jms-dest` and `x-opt-jms-msg-type` annotations, durable (persistent,
+  the JMS default) unless told otherwise;
 * `send_async`: CompletionListener sends — the transfer goes out at once, without
   waiting for the previous one's outcome; `send_sync`: a persistent send outside a
   transaction, which waits for the broker's outcome (and for credit first).
@@ -46,11 +47,12 @@ class JmsProducer:
         link.open()
         client.wait(lambda: link.state & (REMOTE_ACTIVE | REMOTE_CLOSED), what=f"attach of {name}")
         self.link = link
+        self.address = address
         self.sent = 0
 
     def message(self, body: Any, *, durable: bool = True, to: str | None = None) -> Message:
         self.sent += 1
-        return Message(body=body, durable=durable, id=f"{self.producer_id}:{self.sent}", address=to,
+        return Message(body=body, durable=durable, id=f"{self.producer_id}:{self.sent}", address=to or self.address,
                        annotations={JMS_DEST: 0, JMS_MSG_TYPE: TEXT_MESSAGE})
 
     def send_async(self, body: Any, *, durable: bool = True, to: str | None = None) -> Delivery:

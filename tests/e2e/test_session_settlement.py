@@ -97,3 +97,38 @@ def test_two_producers_on_one_session_are_settled_in_arrival_order(broker):
     assert out_of_order == 0 and wrong == 0, \
         f"{out_of_order} settlements out of arrival order; {wrong} of {2 * n} sends would be " \
         "reported to the application with another send's outcome"
+
+
+def test_one_link_accept_then_rejects_are_settled_in_order_on_the_wire(broker):
+    """One producer, asynchronous persistent sends into a `max_depth = 1` reject queue
+    left empty: the first is accepted once stored, the rest rejected at once but held
+    behind it.  proton sends a plain `accepted` batched with the next ones and a
+    `rejected` carrying its error at once, so written in one go they left the broker
+    swapped: the outcomes must reach the wire in arrival order too."""
+    q = "full"
+    drain = DispositionLog("127.0.0.1", broker.port, container_id=f"drain-{uid()}").wait_open()
+    try:   # the filler of the module's other test may be there: start from an empty queue
+        rcv = drain.receiver(drain.session(), q, f"drain-{uid()}")
+        rcv.flow(10)
+        drain.pump_for(0.3)
+        while rcv.current is not None:
+            dlv = rcv.current
+            rcv.recv(dlv.pending)
+            rcv.advance()
+            dlv.update(Delivery.ACCEPTED)
+            dlv.settle()
+        drain.pump_for(0.2)
+    finally:
+        drain.close()
+    client = DispositionLog("127.0.0.1", broker.port, container_id=f"ID:{uid()}:1").wait_open()
+    try:
+        p = JmsProducer(client, client.session(), q)
+        client.wait(lambda: p.link.credit > 0, what="credit")
+        sends = [p.send_async(f"m{i}") for i in range(10)]
+        client.wait(lambda: all(d.remote_state for d in sends), 30, "every outcome")
+        client.pump_for(0.1)
+    finally:
+        client.close()
+    assert [d.remote_state for d in sends] == [ACCEPTED] + [REJECTED] * 9
+    ids = [i for i, _ in settled_ids(client)]
+    assert ids == sorted(ids), f"settled on the wire in the order {ids}"
