@@ -7,10 +7,10 @@ of a client that ignores credit."""
 
 from __future__ import annotations
 
-import httpx
 import pytest
 from proton import Delivery, Message
 
+from tests.e2e.flow_support import api, broker_without_errors, depth
 from tests.e2e.helpers_conn import REMOTE_CLOSED
 from tests.e2e.helpers_delivery import uid
 from tests.e2e.wire_peers import CreditLiar
@@ -33,18 +33,7 @@ overflow = "block"
 
 @pytest.fixture
 def broker(broker_factory):
-    b = broker_factory(CONFIG)
-    yield b
-    assert "Traceback" not in b.log_text(), "the broker met an error it did not expect"
-
-
-def api(broker) -> httpx.Client:
-    return httpx.Client(base_url=f"http://127.0.0.1:{broker.ports['management']}", timeout=10)
-
-
-def depth(broker, queue: str) -> int:
-    with api(broker) as c:
-        return c.get(f"/api/queues/{queue}").json()["depth"]
+    yield from broker_without_errors(broker_factory, CONFIG)
 
 
 def flood(client: CreditLiar, snd, n: int, prefix: str = "m") -> list[Delivery]:

@@ -15,11 +15,11 @@ Producers are shaped like Qpid JMS's (tests/e2e/jms_producers.py)."""
 
 from __future__ import annotations
 
-import httpx
 import pytest
 from proton import Delivery, Message
 
 from tests.client import connect, receive_all
+from tests.e2e.flow_support import api, broker_without_errors, depth, held
 from tests.e2e.helpers_conn import REMOTE_CLOSED, RawClient
 from tests.e2e.helpers_delivery import uid
 from tests.e2e.jms_producers import JmsProducer
@@ -55,28 +55,22 @@ overflow = "reject"
 
 @pytest.fixture
 def broker(broker_factory):
-    b = broker_factory(CONFIG)
-    yield b
-    assert "Traceback" not in b.log_text(), "the broker met an error it did not expect"
-
-
-def api(broker) -> httpx.Client:
-    return httpx.Client(base_url=f"http://127.0.0.1:{broker.ports['management']}", timeout=10)
-
-
-def depth(broker, queue: str) -> int:
-    with api(broker) as c:
-        return c.get(f"/api/queues/{queue}").json()["depth"]
-
-
-def held(broker) -> int:
-    """Producer links the broker gives no credit now."""
-    with api(broker) as c:
-        return c.get("/api/alarms").json()["producers_held"]
+    yield from broker_without_errors(broker_factory, CONFIG)
 
 
 def jms_client(broker) -> RawClient:
     return RawClient("127.0.0.1", broker.port, container_id=f"ID:{uid()}:1").wait_open()
+
+
+def relay_held(broker, client: RawClient, ssn, q: str, n: int) -> tuple[JmsProducer, list]:
+    """A relay producer on `ssn` that sends `n` to `q` (max_depth 10): the first ten
+    taken, the rest waiting for room, the producer held."""
+    relay = JmsProducer(client, ssn, None)
+    client.wait(lambda: relay.link.credit > 0, what="relay credit")
+    sent = [relay.send_async(f"r{i}", to=q) for i in range(n)]
+    client.wait(lambda: sum(1 for d in sent if d.remote_state) >= 10, 15, "the first ten outcomes")
+    wait_held(broker, [client], [], 1)
+    return relay, sent
 
 
 def wait_held(broker, clients: list[RawClient], links: list, n: int) -> None:
@@ -306,11 +300,7 @@ def test_relay_transfers_waiting_for_room_are_released_when_their_link_goes(brok
     client = jms_client(broker)
     try:
         ssn = client.session()
-        relay = JmsProducer(client, ssn, None)
-        client.wait(lambda: relay.link.credit > 0, what="relay credit")
-        sent = [relay.send_async(f"r{i}", to=q) for i in range(15)]
-        client.wait(lambda: sum(1 for d in sent if d.remote_state) >= 10, 15, "the first ten outcomes")
-        wait_held(broker, [client], [], 1)
+        relay, sent = relay_held(broker, client, ssn, q, 15)
         relay.link.close()
         client.wait(lambda: all(d.remote_state for d in sent), 15, "answers for the waiting five")
         assert [d.remote_state for d in sent[10:]] == [Delivery.RELEASED] * 5
@@ -318,9 +308,7 @@ def test_relay_transfers_waiting_for_room_are_released_when_their_link_goes(brok
         assert other.send_sync("after").remote_state == Delivery.ACCEPTED
     finally:
         client.close()
-    assert depth(broker, q) == 10
-    with api(broker) as c:
-        assert c.get("/api/alarms").json()["producers_held"] == 0
+    assert depth(broker, q) == 10 and held(broker) == 0
 
 
 def test_ending_the_session_or_connection_of_waiting_relay_transfers_loses_nothing_queued(broker):
@@ -332,11 +320,7 @@ def test_ending_the_session_or_connection_of_waiting_relay_transfers_loses_nothi
     try:
         for _ in range(2):
             ssn = client.session()
-            relay = JmsProducer(client, ssn, None)
-            client.wait(lambda: relay.link.credit > 0, what="relay credit")
-            sent = [relay.send_async(f"r{i}", to=q) for i in range(12)]
-            client.wait(lambda: sum(1 for d in sent if d.remote_state) >= 10, 15, "the first ten outcomes")
-            wait_held(broker, [client], [], 1)
+            relay_held(broker, client, ssn, q, 12)
             ssn.close()
             client.wait(lambda: ssn.state & REMOTE_CLOSED, what="end")
             assert depth(broker, q) == 10
@@ -348,12 +332,7 @@ def test_ending_the_session_or_connection_of_waiting_relay_transfers_loses_nothi
                 conn.close()
         other = JmsProducer(client, client.session(), uid("other"))
         assert other.send_sync("still served").remote_state == Delivery.ACCEPTED
-        ssn = client.session()
-        relay = JmsProducer(client, ssn, None)
-        client.wait(lambda: relay.link.credit > 0, what="relay credit")
-        for i in range(12):
-            relay.send_async(f"c{i}", to=q)
-        wait_held(broker, [client], [], 1)
+        relay_held(broker, client, client.session(), q, 12)
     finally:
         client.close()
     assert depth(broker, q) == 10

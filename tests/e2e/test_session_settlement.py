@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from collections import deque
 
-import httpx
 import pytest
 from proton import Delivery
 
+from tests.e2e.flow_support import api, broker_without_errors
 from tests.e2e.helpers_delivery import uid
 from tests.e2e.jms_producers import JmsProducer
 from tests.e2e.wire_peers import DispositionLog
@@ -34,9 +34,7 @@ overflow = "reject"
 
 @pytest.fixture
 def broker(broker_factory):
-    b = broker_factory(CONFIG)
-    yield b
-    assert "Traceback" not in b.log_text(), "the broker met an error it did not expect"
+    yield from broker_without_errors(broker_factory, CONFIG)
 
 
 def settled_ids(log: DispositionLog) -> list[tuple[int, int | None]]:
@@ -57,7 +55,7 @@ def client_view(transfers: dict[int, str], settlements: list[tuple[int, int | No
 
 def test_two_producers_on_one_session_are_settled_in_arrival_order(broker):
     n = 300
-    with httpx.Client(base_url=f"http://127.0.0.1:{broker.ports['management']}", timeout=10) as c:
+    with api(broker) as c:
         # Fill the reject queue to its limit first.
         setup = DispositionLog("127.0.0.1", broker.port, container_id=f"fill-{uid()}").wait_open()
         p = JmsProducer(setup, setup.session(), "full")
