@@ -530,7 +530,12 @@ class Producer:
         """Settle Accepted once the store batch holding this delivery's writes is on
         disk (AMQP 1.0 §3.4: Accepted means the message is safe).  Every delivery of
         this link queued in the same batch shares one commit callback."""
-        slot = self.settle_in_order(dlv, ACCEPTED, ready=False)
+        if self._filling is None:   # the common case, inline (settle_in_order)
+            slot = [dlv, ACCEPTED, None, False, None, self]
+            self.order.slots.append(slot)
+            self.waiting += 1
+        else:
+            slot = self.settle_in_order(dlv, ACCEPTED, ready=False)
         if self._batch != store.batch:
             self._batch = store.batch
             self._batch_slots = []
@@ -556,7 +561,14 @@ class Producer:
         link's and the other links' of the session)."""
         order = self.order
         for slot in order.take_ready():
-            self._write_answer(order, slot[0], slot[1], slot[2], slot[4])
+            dlv, state, condition, data = slot[0], slot[1], slot[2], slot[4]
+            if condition is None and data is None:   # the common case, inline (_write_answer)
+                if state is not None:
+                    lib.pn_delivery_update(dlv, state)
+                    order.batched = True
+                lib.pn_delivery_settle(dlv)
+            else:
+                self._write_answer(order, dlv, state, condition, data)
             owner = slot[5]
             if owner.released and not owner.waiting:
                 owner.handler.settled_after_release(owner)
