@@ -235,8 +235,7 @@ class Broker:
         """Route a message to every queue the target reaches; return those queues.
         `creator`: the user a queue the target names into being is counted against.
         Raises QueueFull when a routed queue is full with overflow `reject` (then no
-        queue gets it); `enforce_limits=False` (a transaction's commit, which is all
-        or nothing) queues it whatever the limits say."""
+        queue gets it); `enforce_limits=False` queues it whatever the limits say."""
         if target.kind is AddressKind.QUEUE:
             queue = self.queues.get(target.name)
             if queue is None:  # deleted since the link attached
@@ -255,22 +254,6 @@ class Broker:
         for queue in queues:
             queue.enqueue(msg)
         return queues
-
-    def check_limits(self, msg: Message, target: Resolution) -> None:
-        """A transactional send, when it is staged: raises QueueFull now if a queue it
-        would reach is full with overflow `reject` (Artemis fails such a send at send
-        time too), rather than letting the commit, which is all or nothing, take it
-        past the limit.  Nothing is queued, dropped or created."""
-        if target.kind is AddressKind.QUEUE:
-            queue = self.queues.get(target.name)
-            queues = [queue] if queue is not None else []
-        elif target.kind is AddressKind.NEW_QUEUE:
-            queues = []      # not there yet: empty when the commit creates it
-        else:
-            queues = self.route(target.name, target.key, msg)
-        for queue in queues:
-            if queue.limits is not None and queue.admission(msg.size) is Admission.REJECT:
-                self._refuse(queue)
 
     @classmethod
     def _admit(cls, queues: list[Queue], incoming: int) -> None:

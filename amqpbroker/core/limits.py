@@ -4,11 +4,11 @@ A queue may have a limit on the messages it holds (`max_depth`) and on their byt
 (`max_bytes`), set per queue at declare time or by a `[[queue_limits]]` pattern, and
 an overflow policy for when it is full:
 
-* `block`: its producers get no new link credit while it is full (AMQP 1.0 §2.6.7:
-  credit is how a receiver paces a sender), and are topped up when it has room again.
-  Transfers a producer already had credit for are taken, so a blocked queue goes over
-  its limit by at most the producers' outstanding credit.  ActiveMQ Artemis's
-  `address-full-policy=BLOCK` does the same with its producer credits.
+* `block`: its producers are granted link credit in proportion to the room it has left
+  (AMQP 1.0 §2.6.7: credit is how a receiver paces a sender; core/credit.py), shared
+  between the producers that feed it, and none while it is full; they are topped up
+  when it has room again.  ActiveMQ Artemis's `address-full-policy=BLOCK` paces
+  producers with credits the same way (it grants a fixed window, which goes over).
 * `reject`: a transfer that would go over is answered `rejected` with
   `amqp:resource-limit-exceeded`; nothing already queued is touched.  RabbitMQ's
   `x-overflow=reject-publish` (a nack under publisher confirms); Artemis's `FAIL`.
@@ -101,6 +101,13 @@ def admit(limits: QueueLimits | None, depth: int, size: int, incoming: int) -> A
     return Admission.ACCEPT
 
 
+def fits_batch(limits: QueueLimits, depth: int, size: int, count: int, nbytes: int) -> bool:
+    """Whether `count` more messages of `nbytes` in all stay within the limits: what
+    `fits` says of each, one after the other (a transaction's commit, all or nothing)."""
+    return ((limits.max_depth <= 0 or depth + count <= limits.max_depth)
+            and (limits.max_bytes <= 0 or size + nbytes <= limits.max_bytes))
+
+
 def may_grant(limits: QueueLimits | None, depth: int, size: int) -> bool:
     """Whether a producer to this queue may get more credit."""
     return limits is None or limits.overflow is not Overflow.BLOCK or not full(limits, depth, size)
@@ -134,9 +141,15 @@ class LimitedQueue:
         return limits is None or may_grant(limits, self.depth, self.bytes)
 
     def wait_for_room(self, callback: Callable[[Any], None]) -> None:
-        """Call `callback(queue)` once, when this full queue has room again: woken by
-        the message that leaves, not by polling."""
+        """Call `callback(queue)` once, at the next moment this queue may have room for
+        a waiting producer: a message leaves it while it is below its limit, its limits
+        change, it is deleted, or `notify_room` says so.  Woken by events, never by
+        polling; the caller decides again (room may be promised to other producers)."""
         self._room = callback
+
+    def notify_room(self) -> None:
+        """Room may have come without a message leaving (a transaction that staged
+        messages for this queue was rolled back, a producer holding credit for it went)."""
         self._room_check()
 
     def set_limits(self, limits: QueueLimits | None, declared: QueueLimits | None) -> None:
@@ -175,5 +188,5 @@ class LimitedQueue:
         return dropped
 
 
-__all__ = ["OVERFLOW_REASON", "Admission", "LimitRule", "LimitedQueue", "Overflow", "QueueLimits", "admit", "fits", "full",
-           "limits_for", "may_grant"]
+__all__ = ["OVERFLOW_REASON", "Admission", "LimitRule", "LimitedQueue", "Overflow", "QueueLimits", "admit", "fits",
+           "fits_batch", "full", "limits_for", "may_grant"]

@@ -111,7 +111,7 @@ class BrokerServer:
                              disk_enabled=st.enabled)
         self.alarm_watch = AlarmWatch(self.loop, self.alarms, settings.data_dir / "store" if st.enabled else None,
                                       al.check_interval)
-        self.flow = FlowGate(self.loop, self.broker, self.alarms)   # who may give producers credit
+        self.flow = FlowGate(self.loop, self.broker, self.alarms, self.transactions)   # producers' credit
         self.ha: Any = None   # with [ha]: the pair's node (amqpbroker/ha/node.py), for management
         from ..management.service import Operations
         self.operations = Operations(self)                  # management API, metrics, expiry policy

@@ -87,7 +87,13 @@ class Coordinator(Producer):
         store = self.handler.server.store
         try:
             self.txns.commit(txn, self.handler.broker)
+        except TransactionError as exc:   # a reject queue's limit: nothing of it applied
+            self.txns.rollback(txn)
+            log.warning("transaction %s rolled back: %s", txn.txn_id.hex(), exc.description)
+            self.settle_in_order(dlv, REJECTED, Condition(exc.condition, exc.description))
+            return
         except Exception as exc:  # routing failed (address gone): the transaction cannot complete
+            self.txns.rollback(txn)
             log.warning("transaction %s rolled back: %s", txn.txn_id.hex(), exc)
             self.settle_in_order(dlv, REJECTED, Condition(ROLLBACK, f"commit failed: {exc}"))
             return
@@ -114,9 +120,10 @@ def stage_send(handler: "ConnectionHandler", producer: Producer, dlv: Any, msg: 
     except TransactionError as exc:
         producer.settle_in_order(dlv, REJECTED, Condition(exc.condition, exc.description))
         return
-    # A full `reject` queue refuses the send now (not staged; the transaction goes on).
-    handler.broker.check_limits(msg, target)
-    txn.sends.append((msg, target))
+    # A `reject` queue this would take over its limit, with what open transactions
+    # staged for it, refuses the send now (QueueFull; the transaction goes on); what is
+    # staged counts against the room of the queues it reaches (core/transactions.py).
+    handler.server.transactions.stage(txn, msg, target, handler.broker)
     producer.settle_in_order(dlv, TRANSACTIONAL_STATE, data=[txn.txn_id, ACCEPTED_OUTCOME])
 
 

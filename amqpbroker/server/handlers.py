@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("amqpbroker.connection")
 
+_REFUSALS = (MalformedMessage, AddressNotFound, QueueLimit)   # what a received message may be refused for
 OFFERED_CAPABILITIES = ["SHARED-SUBS", "ANONYMOUS-RELAY", "DELAYED_DELIVERY",
                         "sole-connection-for-container"]
 SOLE_CONNECTION = "sole-connection-for-container"
@@ -77,6 +78,9 @@ class ConnectionHandler:
         # Producers no longer endpoints whose settlements still wait on a store commit
         # (raw pn_link_t* → Producer): see _release and on_session_remote_close.
         self.settling: dict[Any, Producer] = {}
+        # Raw pn_session_t* → the order its producers' transfers are answered in
+        # (core/ordering.py): one per session, dropped when the session ends.
+        self.settlement_orders: dict[Any, Any] = {}
         self.free_after_output: list[Link] = []   # links to free once their dispositions are written
         self.attacher = ConsumerAttacher(self)
     def dispatch(self, ev: Event) -> None:
@@ -93,6 +97,7 @@ class ConnectionHandler:
         self.consumers = []
         self.endpoints = {}
         self.settling = {}
+        self.settlement_orders = {}
         self.free_after_output = []
         self.ended_deliveries.clear()
 
@@ -255,6 +260,7 @@ class ConnectionHandler:
             self.free_after_output = [k for k in self.free_after_output
                                       if lib.pn_link_session(k._impl) != session._impl]
         self.ended_deliveries.session_ended(session._impl)
+        self.settlement_orders.pop(session._impl, None)
         for sub in self.server.subscriptions.owned_by(session_key(session)):
             self.server.subscriptions.delete(sub)
         for queue in list(self.broker.queues_owned_by(session_key(session))):
@@ -418,7 +424,7 @@ class ConnectionHandler:
         its deliveries may still be touched: settlements waiting for a store commit
         (freed once they drain, settled_after_release; or abandoned if the session
         ends first), late outcomes (EndedDeliveries frees it after)."""
-        if isinstance(endpoint, Producer) and endpoint.in_order:
+        if isinstance(endpoint, Producer) and endpoint.waiting:
             # pn_link_free settles and frees the link's deliveries, and the pending
             # commit callback would then update them: wait for it.
             endpoint.free_when_settled = True
@@ -475,7 +481,7 @@ class ConnectionHandler:
         if isinstance(endpoint, Producer):
             endpoint.stop_flow()
             endpoint.released = True
-            if endpoint.in_order:
+            if endpoint.waiting:
                 # Its accepted-after-commit settlements still hold pn_delivery_t*s: they
                 # are sent once the commit comes (a durable message is accepted only
                 # once stored), unless the session ends first; until then the link
@@ -551,12 +557,32 @@ class ConnectionHandler:
                 self._reject(producer, dlv, RESOURCE_LIMIT,
                              f"durable messages are refused for now: {why}" if why else "message store is full")
                 return
-            if producer.target is None and self.server.access.enabled:
-                denied = self.server.access.relay_denied(self.protocol.user, msg)
-                if denied is not None:
-                    self._reject(producer, dlv, UNAUTHORIZED, denied)
+            target = producer.target
+            if target is None:
+                if self.server.access.enabled:
+                    denied = self.server.access.relay_denied(self.protocol.user, msg)
+                    if denied is not None:
+                        self._reject(producer, dlv, UNAUTHORIZED, denied)
+                        return
+                target = self.broker.resolve_for_relay(msg)
+                # A relay transfer for a block queue without room waits, and so do the
+                # ones after it (server/flow.py).
+                if producer.parked:
+                    producer.park(dlv, msg, target, None)
                     return
-            target = producer.target or self.broker.resolve_for_relay(msg)
+                full = self.server.flow.relay_wait(msg, target)
+                if full is not None:
+                    producer.park(dlv, msg, target, full)
+                    return
+        except _REFUSALS as exc:
+            self._refused(producer, dlv, exc)
+            return
+        self.route(producer, dlv, msg, target)
+
+    def route(self, producer: Producer, dlv: Any, msg: Message, target: Resolution) -> None:
+        """Stage, or publish and answer, a received message whose target is known."""
+        store = self.server.store
+        try:
             if lib.pn_delivery_remote_state(dlv) == TRANSACTIONAL_STATE:
                 stage_send(self, producer, dlv, msg, target)
                 return
@@ -565,14 +591,8 @@ class ConnectionHandler:
                     return   # a duplicate: settled and dropped
             else:
                 self.broker.publish(msg, target, self.protocol.user)
-        except MalformedMessage as exc:
-            self._reject(producer, dlv, "amqp:decode-error", str(exc))
-            return
-        except AddressNotFound as exc:
-            self._reject(producer, dlv, "amqp:not-found", exc.why)
-            return
-        except QueueLimit as exc:
-            self._reject(producer, dlv, RESOURCE_LIMIT, str(exc))
+        except _REFUSALS as exc:
+            self._refused(producer, dlv, exc)
             return
         if lib.pn_delivery_settled(dlv):  # pre-settled by the producer: nothing to answer
             lib.pn_delivery_settle(dlv)
@@ -581,6 +601,15 @@ class ConnectionHandler:
             producer.accept_after_commit(dlv, store)   # once on disk (group commit)
         else:
             producer.settle_in_order(dlv, ACCEPTED)
+
+    def _refused(self, producer: Producer, dlv: Any, exc: Exception) -> None:
+        """Answer a message the broker refuses: rejected with the condition."""
+        if isinstance(exc, MalformedMessage):
+            self._reject(producer, dlv, "amqp:decode-error", str(exc))
+        elif isinstance(exc, AddressNotFound):
+            self._reject(producer, dlv, "amqp:not-found", exc.why)
+        else:
+            self._reject(producer, dlv, RESOURCE_LIMIT, str(exc))
 
     def _reject(self, producer: Producer, dlv: Any, condition: str, description: str) -> None:
         log.warning("connection %s: message on link '%s' rejected: %s: %s", self.protocol.peer,

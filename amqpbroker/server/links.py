@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any
 from cproton import ffi, lib
 from proton import Condition, Delivery, Link
 
+from ..core.credit import beyond_credit, top_up_below
 from ..core.message import selector_accepts
+from ..core.ordering import SettlementOrder
 from ..core.queues import Entry, Outcome, Queue
 from ..core.settlement import LinkEnding, counts_as_failed
 from ..core.subscriptions import RESOURCE_LIMIT
@@ -36,6 +38,7 @@ REJECTED = Delivery.REJECTED
 RELEASED = Delivery.RELEASED
 MODIFIED = Delivery.MODIFIED
 TRANSACTIONAL_STATE = 0x34
+TRANSFER_LIMIT = "amqp:link:transfer-limit-exceeded"   # AMQP 1.0 §2.8.16
 
 _consumer_ids = iter(range(1, 1 << 62))
 _pack_tag = struct.Struct(">Q").pack_into
@@ -284,7 +287,9 @@ _OUTCOMES = {ACCEPTED: Outcome.ACCEPTED, REJECTED: Outcome.REJECTED,
 
 
 class Producer:
-    """A receiving link: messages in, routed through the broker, settled in order."""
+    """A receiving link: messages in, routed through the broker, answered in the order
+    they arrived on the link's session (core/ordering.py), with credit from the flow
+    gate (server/flow.py), which the peer must not exceed (core/credit.py)."""
 
     def __init__(self, handler: "ConnectionHandler", link: Link, target: "Resolution | None",
                  credit: int, max_message_size: int):
@@ -293,13 +298,26 @@ class Producer:
         self.impl = link._impl
         self.target = target           # None: anonymous relay, route by `to`
         self.window = credit
+        self.low = top_up_below(credit)   # top up when the credit falls below (set by the gate)
         self.max_message_size = max_message_size
-        # Dispositions go out in arrival order (Qpid JMS completion ordering): a
-        # delivery waiting on the store holds back the ones behind it.
-        self.in_order: deque[list] = deque()
+        # Answers go out in the order transfers arrived on the session (Qpid JMS
+        # completion ordering): one order per session, shared by its producers.
+        session = lib.pn_link_session(self.impl)
+        orders = handler.settlement_orders
+        order = orders.get(session)
+        if order is None:
+            order = orders[session] = SettlementOrder()
+        self.order = order
+        self.waiting = 0               # this link's answers in `order`, not sent yet
         self.temp_node: tuple[str, str] | None = None   # dynamic node this link created
-        # Not None while server/flow.py holds its credit back: ALARM or the full queue.
+        # Not None while server/flow.py holds its credit back: ALARM or the Queue.
         self.held: Any = None
+        self.feeds: tuple = ()         # the block queues its target reaches (server/flow.py)
+        self.last_size = 0             # bytes of its last message: what one is expected to weigh
+        # Relay transfers waiting for room in a block queue, in arrival order:
+        # (pn_delivery_t*, message, resolution, reserved answer slot or None).
+        self.parked: deque[tuple] = deque()
+        self._filling: list | None = None   # the reserved slot of the parked transfer being routed
         # Deliveries waiting on one store batch share one commit callback.
         self._batch = -1
         self._batch_slots: list[list] = []
@@ -309,80 +327,201 @@ class Producer:
         # session ends first (then `abandon`).
         self.released = False
         self.free_when_settled = False
-        if not self.gated or self._may_grant():
-            link.flow(credit)
+        self.top_up()
 
-    # Producer links are paced by the flow gate (alarms, full queues); the transaction
+    # Producer links are paced by the flow gate (alarms, block queues); the transaction
     # coordinator is not (discharges go on during an alarm: they are how work completes).
     gated = True
 
-    def _may_grant(self) -> bool:
-        gate = getattr(self.handler.server, "flow", None)
-        return gate is None or gate.may_grant(self)
+    def outstanding(self) -> int:
+        """Credit granted and not taken yet (proton counts a receiving link's credit
+        down as the broker takes each transfer, so this includes transfers that arrived
+        but are not taken yet): what this producer may still put into its queues."""
+        n = lib.pn_link_credit(self.impl)
+        return n if n > 0 else 0
+
+    # --- transfers in
 
     def on_delivery(self, dlv: Any) -> None:
         """A transfer arrived (dlv: raw pn_delivery_t*)."""
+        impl = self.impl
+        if dlv != lib.pn_link_current(impl):
+            return   # the peer's disposition for one taken already (read only the current one)
         if lib.pn_delivery_aborted(dlv):
-            lib.pn_delivery_settle(dlv)
+            lib.pn_delivery_settle(dlv)   # (and moves past it: it used its credit too)
+            self._beyond_credit(lib.pn_link_credit(impl) + 1)
             return
         pending = lib.pn_delivery_pending(dlv)
         if pending > self.max_message_size:
             self._too_large(dlv)
             return
         if lib.pn_delivery_partial(dlv):
+            # Its first frame used the credit: a peer beyond it is stopped before the rest.
+            if self._beyond_credit(lib.pn_link_credit(impl)):
+                lib.pn_delivery_settle(dlv)
             return
-        self.handler.receive(self, dlv, self.take_payload(dlv, pending))
-
-    def whole_payload(self, dlv: Any) -> bytes | None:
-        """A control link's delivery: its bytes once complete; None while partial or
-        when aborted (settled)."""
-        if lib.pn_delivery_aborted(dlv):
-            lib.pn_delivery_settle(dlv)
-            return None
-        if lib.pn_delivery_partial(dlv):
-            return None
-        return self.take_payload(dlv, lib.pn_delivery_pending(dlv))
-
-    def take_payload(self, dlv: Any, pending: int) -> bytes:
-        """Read a complete delivery's bytes, move on, and top the credit window up."""
-        impl = self.impl
         buf = bytearray(pending)
         n = lib.pn_link_recv(impl, ffi.from_buffer(buf), pending)
         lib.pn_link_advance(impl)
-        if self.held is None and lib.pn_link_credit(impl) < self.window // 2:
-            self.top_up()   # (a held producer is topped up by the flow gate)
+        credit = lib.pn_link_credit(impl)   # counted down by the advance
+        if credit < 0 and self._beyond_credit(credit + 1):
+            lib.pn_delivery_settle(dlv)
+            return
+        self.last_size = pending
+        self.handler.receive(self, dlv, bytes(buf) if n == pending else bytes(buf[:max(n, 0)]))
+        if self.held is None and credit < self.low:
+            self.top_up()
+
+    def whole_payload(self, dlv: Any) -> bytes | None:
+        """A control link's delivery: its bytes once complete; None while partial, when
+        aborted (settled), or beyond the credit (the link is ended)."""
+        impl = self.impl
+        if dlv != lib.pn_link_current(impl):
+            return None
+        if lib.pn_delivery_aborted(dlv):
+            lib.pn_delivery_settle(dlv)
+            self._beyond_credit(lib.pn_link_credit(impl) + 1)
+            return None
+        if lib.pn_delivery_partial(dlv):
+            return None
+        pending = lib.pn_delivery_pending(dlv)
+        buf = bytearray(pending)
+        n = lib.pn_link_recv(impl, ffi.from_buffer(buf), pending)
+        lib.pn_link_advance(impl)
+        credit = lib.pn_link_credit(impl)
+        if credit < 0 and self._beyond_credit(credit + 1):
+            lib.pn_delivery_settle(dlv)
+            return None
+        if credit < self.low:
+            self.top_up()
         return bytes(buf) if n == pending else bytes(buf[:max(n, 0)])
 
-    def top_up(self) -> None:
-        """Give the producer its window of credit back (AMQP 1.0 §2.6.7) when half is
-        used, unless the flow gate (server/flow.py) holds it: a memory or disk alarm,
-        or a full target queue with overflow `block`.  The gate tops it up when that
-        is over.  A slow consumer alone never holds a producer back."""
-        impl = self.impl
-        credit = lib.pn_link_credit(impl)
-        if credit >= self.window // 2 or self.handler.ended or self.released:
-            return
-        if self.gated and not self._may_grant():
-            return
-        lib.pn_link_flow(impl, self.window - credit)
-        self.handler.protocol.mark_dirty()
+    def _beyond_credit(self, credit_left: int) -> bool:
+        """AMQP 1.0 §2.6.7: a transfer beyond the credit granted is a protocol violation.
+        When the transfer being taken is one (`credit_left`: the credit not counting it),
+        the link is ended with amqp:link:transfer-limit-exceeded (§2.8.16) and True is
+        returned: the caller drops the transfer, never queues it."""
+        if not beyond_credit(credit_left):
+            return False
+        log.warning("connection %s (container %s): link '%s': transfer beyond the credit granted "
+                    "(AMQP 1.0 §2.6.7); link ended with %s", self.handler.protocol.peer,
+                    self.handler.container_id, self.link.name, TRANSFER_LIMIT)
+        self._end_link(TRANSFER_LIMIT, "transfer beyond the link credit granted")
+        return True
 
     def _too_large(self, dlv: Any) -> None:
         log.warning("connection %s: link '%s': message larger than %d bytes refused",
                     self.handler.protocol.peer, self.link.name, self.max_message_size)
         lib.pn_delivery_settle(dlv)
-        self.link.condition = Condition(
-            "amqp:link:message-size-exceeded",
-            f"message exceeds the maximum message size of {self.max_message_size} bytes")
+        self._end_link("amqp:link:message-size-exceeded",
+                       f"message exceeds the maximum message size of {self.max_message_size} bytes")
+
+    def _end_link(self, condition: str, description: str) -> None:
+        self.link.condition = Condition(condition, description)
         self.link.close()
         self.handler.link_ended(self.link)
+        self.handler.protocol.mark_dirty()
+
+    # --- credit
+
+    def top_up(self) -> None:
+        """Give the producer credit (AMQP 1.0 §2.6.7) once it has used half of what it
+        was last allowed, as much as the flow gate (server/flow.py) allows: its window,
+        less during an alarm (none) or for block queues (their room, shared).  Held, the
+        gate tops it up when that is over.  A slow consumer alone never holds a producer
+        back.  Relay transfers waiting for room go in first."""
+        if self.handler.ended or self.released:
+            return
+        if self.parked and not self.resume_parked():
+            return
+        impl = self.impl
+        credit = lib.pn_link_credit(impl)
+        # Enough; or transfers already here beyond the credit (proton counts a transfer
+        # when it is taken): a grant now would make them look sent within it.  The
+        # first of them ends the link when it is taken (core/credit.py).
+        if credit >= self.low or lib.pn_link_queued(impl) > credit:
+            return
+        gate = self.handler.server.flow if self.gated else None
+        if gate is None:
+            more = self.window - credit
+        else:
+            more = gate.grant(self, credit)
+        if more > 0:
+            lib.pn_link_flow(impl, more)
+            self.handler.protocol.mark_dirty()
+
+    # --- relay transfers waiting for room
+
+    def park(self, dlv: Any, msg: Any, target: Any, queue: Any) -> None:
+        """A relay transfer for a block queue without room (`queue`; None: one waits
+        already, this one waits behind it): it waits, unsettled, holding its place in
+        the session's answers, and the producer is held on that queue."""
+        slot = None
+        if not lib.pn_delivery_settled(dlv):
+            slot = [dlv, None, None, False, None, self]
+            self.order.add(slot)
+        self.parked.append((dlv, msg, target, slot))
+        gate = self.handler.server.flow
+        if queue is not None and self.held is None and gate is not None:
+            gate.hold_on(self, queue)
+
+    def resume_parked(self) -> bool:
+        """Route the waiting relay transfers that have room now, in order; True when none
+        waits any more (else the producer is held on the queue the next one waits for)."""
+        gate = self.handler.server.flow
+        parked = self.parked
+        while parked:
+            dlv, msg, target, slot = parked[0]
+            queue = gate.relay_wait(msg, target) if gate is not None else None
+            if queue is not None:
+                gate.hold_on(self, queue)
+                return False
+            parked.popleft()
+            self._filling = slot
+            try:
+                self.handler.route(self, dlv, msg, target)
+            finally:
+                self._filling = None
+        self.handler.protocol.mark_dirty()
+        return True
+
+    def _drop_parked(self) -> None:
+        """The link ended: its waiting relay transfers were not taken (released).  When
+        the session or connection is ending, nothing can be answered (the slots are
+        cancelled with the session's answers, `abandon`)."""
+        parked, self.parked = self.parked, deque()
+        session = lib.pn_link_session(self.impl)
+        if (lib.pn_session_state(session) & _REMOTE_CLOSED
+                or lib.pn_connection_state(lib.pn_session_connection(session)) & _REMOTE_CLOSED):
+            return
+        for dlv, _, _, slot in parked:
+            if slot is not None:
+                slot[1] = RELEASED
+                slot[3] = True
+            else:
+                lib.pn_delivery_settle(dlv)
+        if parked:
+            self.drain_settlements()
+
+    # --- answers, in arrival order
 
     def settle_in_order(self, dlv: Any, state: int | None, condition: Condition | None = None,
-                        ready: bool = True, data: list | None = None) -> list:
-        """Queue a settlement; emit every settlement at the head that is ready.
-        `data` carries the fields of a non-terminal state (declared, transactional-state)."""
-        slot = [dlv, state, condition, ready, data]
-        self.in_order.append(slot)
+                        ready: bool = True, data: list | None = None) -> list | None:
+        """Queue an answer in the session's order; emit every answer at the head that is
+        ready.  `data` carries the fields of a non-terminal state (declared,
+        transactional-state).  Returns the slot (to make ready later) unless it went out
+        at once."""
+        slot = self._filling
+        if slot is not None and slot[0] == dlv:   # a parked transfer's reserved place
+            self._filling = None
+            slot[1], slot[2], slot[3], slot[4] = state, condition, ready, data
+        else:
+            order = self.order
+            if ready and not order.slots:   # nothing earlier on the session waits
+                self._write_answer(order, dlv, state, condition, data)
+                return None
+            slot = [dlv, state, condition, ready, data, self]
+            order.add(slot)
         if ready:
             self.drain_settlements()
         return slot
@@ -391,7 +530,12 @@ class Producer:
         """Settle Accepted once the store batch holding this delivery's writes is on
         disk (AMQP 1.0 §3.4: Accepted means the message is safe).  Every delivery of
         this link queued in the same batch shares one commit callback."""
-        slot = self.settle_in_order(dlv, ACCEPTED, ready=False)
+        if self._filling is None:   # the common case, inline (settle_in_order)
+            slot = [dlv, ACCEPTED, None, False, None, self]
+            self.order.slots.append(slot)
+            self.waiting += 1
+        else:
+            slot = self.settle_in_order(dlv, ACCEPTED, ready=False)
         if self._batch != store.batch:
             self._batch = store.batch
             self._batch_slots = []
@@ -413,25 +557,52 @@ class Producer:
         self.handler.protocol.mark_dirty()
 
     def drain_settlements(self) -> None:
-        q = self.in_order
-        while q and q[0][3]:
-            dlv, state, condition, _, data = q.popleft()
-            if condition is not None or data is not None:
-                wrapped = Delivery.wrap(dlv)
-                if condition is not None:
-                    wrapped.local.condition = condition
-                if data is not None:
-                    wrapped.local.data = data
-                wrapped.update(state)
-            elif state is not None:
+        """Emit the answers at the head of the session's order that are ready (this
+        link's and the other links' of the session)."""
+        order = self.order
+        for slot in order.take_ready():
+            dlv, state, condition, data = slot[0], slot[1], slot[2], slot[4]
+            if condition is None and data is None:   # the common case, inline (_write_answer)
+                if state is not None:
+                    lib.pn_delivery_update(dlv, state)
+                    order.batched = True
+                lib.pn_delivery_settle(dlv)
+            else:
+                self._write_answer(order, dlv, state, condition, data)
+            owner = slot[5]
+            if owner.released and not owner.waiting:
+                owner.handler.settled_after_release(owner)
+
+    def _write_answer(self, order: SettlementOrder, dlv: Any, state: int | None, condition: Condition | None,
+                data: list | None) -> None:
+        """Settle a received transfer with its outcome (raw pn_delivery_t*).
+
+        proton holds a plain outcome back to send it with the next ones as one ranged
+        disposition, but sends one with fields (a rejection's error, a transactional
+        state) at once: written in that order they would go out swapped.  So before an
+        outcome with fields, the transport writes out what it holds (`batched`)."""
+        if condition is None and data is None:
+            if state is not None:
                 lib.pn_delivery_update(dlv, state)
+                order.batched = True
             lib.pn_delivery_settle(dlv)
-        if self.released and not q:
-            self.handler.settled_after_release(self)
+            return
+        if order.batched:
+            order.batched = False
+            transport = self.handler.protocol.transport
+            if transport is not None:
+                lib.pn_transport_pending(transport._impl)
+        wrapped = Delivery.wrap(dlv)
+        if condition is not None:
+            wrapped.local.condition = condition
+        if data is not None:
+            wrapped.local.data = data
+        wrapped.update(state)
+        lib.pn_delivery_settle(dlv)
 
     def holds(self, dlv: Any) -> bool:
         """Whether this delivery waits in the settlement order (a raw pn_delivery_t*)."""
-        return any(slot[0] == dlv for slot in self.in_order)
+        return self.order.holds(self, dlv)
 
     def abandon(self) -> None:
         """The session or connection ended: deliveries waiting on the store get no
@@ -441,17 +612,19 @@ class Producer:
         Called before the session (and so the link and its deliveries) is freed: the
         commit callbacks still hold these slots, and must find no pn_delivery_t*
         in them to update or settle afterwards (that was a use-after-free)."""
-        for slot in self.in_order:
-            slot[0] = None
-        self.in_order.clear()
+        self.order.cancel(self)
+        self.parked.clear()
         self._batch_slots = []
         self._batch = -1
         self.free_when_settled = False
         self.stop_flow()
 
     def stop_flow(self) -> None:
-        """The link ended: the flow gate forgets it."""
-        if self.held is not None:
+        """The link ended: the flow gate forgets it; relay transfers still waiting for
+        room are answered released (not taken)."""
+        if self.parked:
+            self._drop_parked()
+        if self.held is not None or self.feeds:
             gate = getattr(self.handler.server, "flow", None)
             if gate is not None:
                 gate.forget(self)

@@ -7,7 +7,7 @@ import pytest
 
 from amqpbroker.core.addresses import AddressKind, Resolution
 from amqpbroker.core.broker import Broker, BrokerPolicy, QueueFull
-from amqpbroker.core.limits import (Admission, LimitRule, Overflow, QueueLimits, admit, fits, full,
+from amqpbroker.core.limits import (Admission, LimitRule, Overflow, QueueLimits, admit, fits, fits_batch, full,
                                     limits_for, may_grant)
 from amqpbroker.core.queues import Outcome
 from tests.core.helpers import RecordingConsumer, bodies, make_message
@@ -156,12 +156,26 @@ def test_block_wakes_on_purge_and_delete():
     assert woken == [q, q]
 
 
-def test_wait_for_room_with_room_calls_at_once():
+def test_wait_for_room_is_not_called_at_once_and_notify_room_wakes():
+    """The caller decided there is no room for it (room may be promised to other
+    producers): no call at the wait, one at the next event that may give room."""
     b = _broker(LimitRule("q", BLOCK))
     q = b.declare_queue("q")
     woken = []
     q.wait_for_room(woken.append)
+    assert woken == []
+    q.notify_room()
     assert woken == [q]
+    q.notify_room()
+    assert woken == [q], "called once per wait"
+
+
+def test_fits_batch_is_fits_one_after_the_other():
+    for limits in (REJECT, BYTES_REJECT, QueueLimits(3, 100, Overflow.REJECT)):
+        for depth, size, count, each in [(0, 0, 3, 10), (0, 0, 4, 10), (2, 70, 1, 30), (2, 70, 1, 31),
+                                         (0, 0, 0, 0), (3, 0, 1, 1)]:
+            one_by_one = all(fits(limits, depth + i, size + i * each, each) for i in range(count))
+            assert fits_batch(limits, depth, size, count, count * each) is one_by_one, (limits, depth, count)
 
 
 # ---------------------------------------------------------------------- fan-out
@@ -199,26 +213,9 @@ def test_fan_out_block_takes_and_refuses_credit():
     assert blocked.depth == 3 and other.depth == 3 and not blocked.may_grant() and other.may_grant()
 
 
-def test_transaction_commit_is_not_refused_by_limits():
+def test_publish_without_enforcing_limits_queues_over_them():
     b = _broker(LimitRule("q", REJECT))
     q = b.declare_queue("q")
     _send(b, "q", 3)
     b.publish(make_message("txn"), Resolution(AddressKind.QUEUE, "q"), enforce_limits=False)
     assert q.depth == 4
-
-
-def test_check_limits_refuses_a_staged_send_only_for_a_full_reject_queue_and_changes_nothing():
-    b, (rej, drop, blk) = _fanout(QueueLimits(max_depth=2, overflow=Overflow.REJECT),
-                                  QueueLimits(max_depth=1, overflow=Overflow.DROP_HEAD),
-                                  QueueLimits(max_depth=1, overflow=Overflow.BLOCK))
-    ex = Resolution(AddressKind.EXCHANGE, "ex")
-    b.check_limits(make_message("x"), ex)                 # nothing full yet
-    _send(b, "ex", 2, kind=AddressKind.EXCHANGE)
-    before = [q.depth for q in (rej, drop, blk)]
-    with pytest.raises(QueueFull, match="queue 's0' is full"):
-        b.check_limits(make_message("x"), ex)
-    assert [q.depth for q in (rej, drop, blk)] == before and rej.overflow_rejected_total == 1
-    b.check_limits(make_message("x"), Resolution(AddressKind.QUEUE, "s1"))      # drop-head: room is made later
-    b.check_limits(make_message("x"), Resolution(AddressKind.QUEUE, "s2"))      # block: credit, not here
-    b.check_limits(make_message("x"), Resolution(AddressKind.NEW_QUEUE, "new"))
-    assert "new" not in b.queues, "nothing is created by the check"
