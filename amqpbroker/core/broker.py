@@ -437,7 +437,7 @@ class Broker:
                  counted: bool = True) -> None:
         if counted:
             self.dead_letters_dropped_total += 1
-        self._dead_log.log(level, ("dropped", queue_name, why[:40]), "queue %s: message seq=%d dropped (%s; %s)",
+        self._dead_log.log(level, ("dropped", queue_name, why[:40]), "queue %s: dropped message seq=%d (%s; %s)",
                            queue_name, entry.seq, reason, why)
 
     def _origin_marked(self, queue_name: str, entry: Entry, reason: str) -> bytes:
