@@ -95,6 +95,10 @@ def test_move_cli_and_bad_input(broker_factory):
     assert [m.body for m in receive_all(b.url, dst)] == ["x", "y"]
     bad = admin_cli(b, "move", src, "--to", dst, "--filter", "a >>> 1")
     assert bad.returncode == 1 and "bad selector" in bad.stderr
+    long = "a = '" + "x" * 4096 + "'"     # the AMQP side's limit (limits.max_selector_length) holds here too
+    for args in (["messages", src, "--selector", long], ["move", src, "--to", dst, "--filter", long]):
+        refused = admin_cli(b, *args)
+        assert refused.returncode == 1 and "longer than 4096 characters" in refused.stderr, refused.stderr
     missing = admin_cli(b, "dlq", "replay", uniq("none"))
     assert missing.returncode == 1 and "no queue" in missing.stderr and "HTTP 404" in missing.stderr
     assert admin_cli(b, "move", src, "--to", dst, "--limit", "-1").returncode == 2
