@@ -197,3 +197,11 @@ def test_replay_skips_origins_the_user_may_not_manage():
         assert bodies(h.broker.queues["orders.dlq"].entries()) == ["from-invoices"]
     finally:
         h.close()
+
+
+def test_metrics_count_dead_letters_dropped(h):
+    with_dlq(h, 2)                  # two in DLQ; what dies there is dropped, not dead-lettered again
+    reject_all(h, "DLQ", 2)
+    text = h.request("GET", "/metrics").text
+    assert "amqpbroker_dead_letters_dropped_total 2.0" in text
+    assert "amqpbroker_selector_budget_exceeded_total" in text
