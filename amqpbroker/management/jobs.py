@@ -40,6 +40,7 @@ class Job:
     error: str | None = None
     cancelled_by: str | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    task: Any = None                 # the loop keeps only a weak reference to a task: this one
 
     @property
     def href(self) -> str:
@@ -69,7 +70,7 @@ class Jobs:
         job = Job(job_id, kind, queue, who, make(job_id))
         self._jobs[job_id] = job
         self._trim()
-        asyncio.get_running_loop().create_task(self._drive(job, run))
+        job.task = asyncio.get_running_loop().create_task(self._drive(job, run))
         return job
 
     async def _drive(self, job: Job, run: Callable[[Job], Awaitable[None]]) -> None:
