@@ -4,8 +4,8 @@ LIKE patterns of several shapes against one value, each as a ratio to a plain
 `'%b%'` scan of the same value in the same run, and what the evaluation budget
 refuses.
 
-    .venv/bin/python bench/selectors.py                 # a 1 MiB value
-    .venv/bin/python bench/selectors.py --size 4194304 --reps 7
+    .venv/bin/python bench/selector_cost.py                 # a 1 MiB value
+    .venv/bin/python bench/selector_cost.py --size 4194304 --reps 7
 
 A benchmark: it prints figures and asserts nothing.  Figures from a busy machine are
 indicative; the ratios are what to compare.
