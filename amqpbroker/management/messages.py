@@ -131,13 +131,6 @@ class MessageOps:
                  ", ".join(f"{k}: {v}" for k, v in view["destinations"].items()) or "-", view["skipped"],
                  f", stopped: {view['stopped']}" if view["stopped"] else "", time.monotonic() - started)
 
-    async def move(self, name: str, *, to: str | None, selector: str | None, limit: int,
-                   replay: bool, who: str, permit: Any = None) -> dict:
-        """Move (or replay) and wait for the end: the report (tests, scripts in process)."""
-        job = self.start_move(name, to=to, selector=selector, limit=limit, replay=replay, who=who, permit=permit)
-        await job.done.wait()
-        return job.move.report.view()
-
     def _store_refuses(self) -> str | None:
         """A store that refuses durable writes (full, degraded) would fail the batch
         that carries a copy while keeping the removal (store/batch.py fail): stop."""
