@@ -304,7 +304,7 @@ def test_a_drop_head_dlq_behind_a_fanout_dead_letter_address_keeps_the_broker_go
             while c.get("/api/queues/DLQ").json()["enqueued_total"] < 10 and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert c.get("/api/queues/DLQ").json()["depth"] == 3
-    canary.assert_served(max_rtt=2.0)     # served at all: the loop did not freeze
+    canary.assert_served(max_rtt=10.0)    # served at all (a frozen loop fails its 30 s receive), not a latency bound
     assert [m.body for m in receive_all(b.url, "DLQ")] == ["m7", "m8", "m9"]
     assert len([line for line in b.lines if "dead-letter" in line]) < 30, "the log is flooded"
 
