@@ -137,8 +137,10 @@ class LimitsConfig(StrictModel):
 
 class PolicyConfig(StrictModel):
     auto_create_queues: bool = True
-    max_delivery_attempts: int = Field(0, ge=0)              # 0: unlimited
-    dead_letter_address: str | None = None
+    # Safe defaults (docs/operations.md "Dead letters"): a message rejected, or handed
+    # out 10 times without being settled, goes to the queue DLQ (declared at start).
+    max_delivery_attempts: int = Field(10, ge=0)             # 0: unlimited
+    dead_letter_address: str | None = "DLQ"                  # "": no dead-lettering (dropped)
     max_consumers_per_subscription: int = Field(0, ge=0)     # 0: unlimited
     # Queues one user's addresses may create (auto_create_queues), anonymous counted
     # as one user; beyond, the attach or message gets resource-limit-exceeded. 0: unlimited

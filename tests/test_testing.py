@@ -153,7 +153,7 @@ def test_marker_configures_a_subprocess_broker(amqp_broker):
 
 @pytest.mark.amqp_broker(queues=[{"name": "invoices"}], store={"enabled": False})
 def test_marker_settings_reach_an_inprocess_broker(amqp_broker):
-    assert amqp_broker.admin.queues() == ["invoices"]
+    assert amqp_broker.admin.queues() == ["DLQ", "invoices"]   # and the dead-letter queue, on by default
     assert amqp_broker.settings.store.enabled is False
 
 

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from .addresses import AddressKind, AddressNotFound, Resolution, resolve
-from .deadletters import AnnotationError, dead_letter_annotations, return_address, rewrite_annotations
+from .deadletters import AnnotationError, mark_dead_lettered, return_address
 from .exchanges import Binding, BindingFilter, Exchange, ExchangeType
 from .limits import OVERFLOW_REASON, Admission, LimitRule, QueueLimits, limits_for
 from .message import JMS_DEST, MalformedMessage, Message
 from .queues import Entry, ExclusivityPolicy, LifetimePolicy, Queue
+from .ratelog import RateLimitedLog
 
 log = logging.getLogger("amqpbroker.broker")
 
@@ -57,6 +58,8 @@ class Broker:
         self.queues: dict[str, Queue] = {}
         self.routed_total = 0
         self.unroutable_total = 0
+        self.dead_letters_dropped_total = 0     # died in a dead-letter queue, or nowhere to go: dropped
+        self._dead_log = RateLimitedLog(log)    # a dead-letter storm writes a line per kind per 10 s
         for name, kind in BUILTIN_EXCHANGES:
             self.exchanges[name] = Exchange(name, kind, durable=True, builtin=True)
         # Runs a callable at the next loop turn (set by the server; queues dispatch in
@@ -231,20 +234,16 @@ class Broker:
     # ------------------------------------------------------------------ routing
 
     def publish(self, msg: Message, target: Resolution, creator: str | None = None, *,
-                enforce_limits: bool = True) -> list[Queue]:
+                enforce_limits: bool = True, exclude: frozenset[str] | set[str] = frozenset()) -> list[Queue]:
         """Route a message to every queue the target reaches; return those queues.
         `creator`: the user a queue the target names into being is counted against.
         Raises QueueFull when a routed queue is full with overflow `reject` (then no
-        queue gets it); `enforce_limits=False` queues it whatever the limits say."""
-        if target.kind is AddressKind.QUEUE:
-            queue = self.queues.get(target.name)
-            if queue is None:  # deleted since the link attached
-                raise AddressNotFound(target.name, f"queue '{target.name}' no longer exists")
-            queues = [queue]
-        elif target.kind is AddressKind.NEW_QUEUE:
-            queues = [self.auto_create(target.name, creator)]
-        else:
-            queues = self.route(target.name, target.key, msg)
+        queue gets it); `enforce_limits=False` queues it whatever the limits say.
+        `exclude`: names of queues the message must not go into (core/history.py: a
+        move's copy and its source)."""
+        queues = self.destinations(msg, target, creator)
+        if exclude:
+            queues = [q for q in queues if q.name not in exclude]
         if not queues:
             self.unroutable_total += 1
             return queues
@@ -254,6 +253,17 @@ class Broker:
         for queue in queues:
             queue.enqueue(msg)
         return queues
+
+    def destinations(self, msg: Message, target: Resolution, creator: str | None = None) -> list[Queue]:
+        """The queues `target` routes `msg` to (a queue it names is created)."""
+        if target.kind is AddressKind.QUEUE:
+            queue = self.queues.get(target.name)
+            if queue is None:  # deleted since the link attached
+                raise AddressNotFound(target.name, f"queue '{target.name}' no longer exists")
+            return [queue]
+        if target.kind is AddressKind.NEW_QUEUE:
+            return [self.auto_create(target.name, creator)]
+        return self.route(target.name, target.key, msg)
 
     @classmethod
     def _admit(cls, queues: list[Queue], incoming: int) -> None:
@@ -324,48 +334,111 @@ class Broker:
         return sum(q.expire_sweep(now) for q in list(self.queues.values()))
 
     # ------------------------------------------------------------------ dead letters
+    # A dead letter goes where the dead-letter address routes it, computed at each
+    # death (bindings change at run time).  A message that dies in a queue that
+    # address routes to (a dead-letter queue: the address itself, or through an
+    # exchange) is dropped, never dead-lettered again: no dead-letter cycle can
+    # form, whatever the exchanges and overflow policies (a full drop-head DLQ
+    # behind a fan-out once fed itself for ever).  Lines are rate-limited.
+
+    def dead_letter_queues(self) -> list[str]:
+        """The queues the dead-letter address routes to now (by its fixed key, or for a
+        key taken from a message's subject, every binding of the exchange): where dead
+        letters can land, and the queues whose own dead messages are dropped."""
+        address = self.policy.dead_letter_address
+        if not address:
+            return []
+        try:
+            target = self.resolve(address)
+        except AddressNotFound:
+            return []
+        if target.kind is not AddressKind.EXCHANGE:
+            return [target.name]
+        exchange = self.exchanges[target.name]
+        bindings = exchange.route(target.key) if target.key is not None else exchange.bindings
+        return sorted({b.queue.name for b in bindings})
+
+    def declare_dead_letters(self) -> tuple[int, str]:
+        """At start (the configuration's check): the queue the dead-letter address names
+        is declared (durable) when neither it nor an exchange of that name exists, so
+        that it can be browsed and replayed before anything died.  Returns a log level
+        and a line saying where dead letters go and which queues never dead-letter."""
+        address = self.policy.dead_letter_address
+        if not address:
+            return logging.INFO, "no dead-letter address: rejected and over-delivered messages are dropped"
+        try:
+            target = self.resolve(address)
+        except AddressNotFound as exc:
+            return logging.WARNING, f"dead-letter address {address} cannot be used: {exc.why}; dead letters are dropped"
+        if target.kind is AddressKind.NEW_QUEUE:
+            self.declare_queue(target.name, durable=True)
+        queues = self.dead_letter_queues()
+        if not queues:
+            return logging.WARNING, (f"dead-letter address {address} routes to no queue (yet): dead letters are "
+                                     "dropped until one is bound")
+        return logging.INFO, (f"dead letters go to {address} (queue(s) {', '.join(queues)}); a message that dies "
+                              "in one of these is dropped, never dead-lettered again (no cycle)")
 
     def _dead_letter(self, queue_name: str, entry: Entry, reason: str) -> None:
         address = self.policy.dead_letter_address
-        if not address or address == queue_name:
-            # drop-head may drop thousands a second: counted (overflow_dropped_total), not logged each
-            log.log(logging.DEBUG if reason == OVERFLOW_REASON else logging.INFO,
-                    "queue %s: dropped message seq=%d (%s; no dead-letter address)", queue_name, entry.seq, reason)
+        if not address:
+            self._dropped(queue_name, entry, reason, "no dead-letter address",
+                          logging.DEBUG if reason == OVERFLOW_REASON else logging.INFO, counted=False)
             return
         try:
-            copy = Message(self._origin_marked(queue_name, entry, reason), publisher=entry.msg.publisher)
             target = self.resolve(address)
+            if queue_name in {q.name for q in self._reached(target, entry)}:
+                self._dropped(queue_name, entry, reason, f"it died in a queue the dead-letter address {address} "
+                              "routes to; a dead letter is never dead-lettered again")
+                return
+            copy = Message(self._origin_marked(queue_name, entry, reason), publisher=entry.msg.publisher)
             queues = self.publish(copy, target)
         except MalformedMessage as exc:   # stored before the edge checked it: nothing to route
-            log.warning("queue %s: message seq=%d cannot be dead-lettered (%s); dropped",
-                        queue_name, entry.seq, exc)
+            self._dropped(queue_name, entry, reason, f"it cannot be dead-lettered: {exc}", logging.WARNING)
             return
         except AddressNotFound as exc:
-            log.warning("queue %s: dead-letter address %s unusable (%s); message dropped",
-                        queue_name, address, exc.why)
+            self._dropped(queue_name, entry, reason, f"dead-letter address {address} unusable: {exc.why}",
+                          logging.WARNING)
             return
         except QueueLimit as exc:   # the dead-letter queue is full with overflow reject
-            log.warning("queue %s: message seq=%d not dead-lettered (%s); dropped", queue_name, entry.seq, exc)
+            self._dropped(queue_name, entry, reason, f"not dead-lettered: {exc}", logging.WARNING)
             return
-        log.info("queue %s: message seq=%d dead-lettered to %s (%s)",
-                 queue_name, entry.seq, address, reason)
         if not queues:
-            log.warning("queue %s: dead-letter address %s routed nowhere", queue_name, address)
+            self._dropped(queue_name, entry, reason, f"dead-letter address {address} routed it nowhere",
+                          logging.WARNING)
+            return
+        self._dead_log.log(logging.INFO, ("dead-lettered", queue_name, reason),
+                           "queue %s: message seq=%d dead-lettered to %s (%s)", queue_name, entry.seq, address, reason)
+
+    def _reached(self, target: Resolution, entry: Entry) -> list[Queue]:
+        """The queues a dead letter of `entry` would go to (nothing created or queued)."""
+        if target.kind is AddressKind.EXCHANGE:
+            return self.route(target.name, target.key, entry.msg)
+        queue = self.queues.get(target.name)
+        return [queue] if queue is not None else []
+
+    def _dropped(self, queue_name: str, entry: Entry, reason: str, why: str, level: int = logging.WARNING,
+                 counted: bool = True) -> None:
+        if counted:
+            self.dead_letters_dropped_total += 1
+        self._dead_log.log(level, ("dropped", queue_name, why[:40]), "queue %s: dropped message seq=%d (%s; %s)",
+                           queue_name, entry.seq, reason, why)
 
     def _origin_marked(self, queue_name: str, entry: Entry, reason: str) -> bytes:
-        """The entry's bytes with its origin and reason as message annotations
-        (core/deadletters.py), so that a replay knows where it goes back to.  A message
-        whose annotations cannot be walked goes as it is (it is still dead-lettered)."""
+        """The entry's bytes with its origin and reason as message annotations and
+        application properties, and its history (core/deadletters.py), so that a replay
+        knows where it goes back to.  A message whose annotations cannot be walked goes
+        as it is (it is still dead-lettered)."""
         payload = entry.payload()
         queue = self.queues.get(queue_name)
         bindings = [(b.exchange, b.key) for b in self.bindings_of(queue)] if queue is not None else []
-        marks = dead_letter_annotations(queue_name, return_address(queue_name, bindings), reason,
-                                        int(self.clock() * 1000))
         try:
-            return rewrite_annotations(payload, marks)
+            return mark_dead_lettered(payload, queue_name, return_address(queue_name, bindings), reason,
+                                      int(self.clock() * 1000))
         except AnnotationError as exc:
-            log.warning("queue %s: message seq=%d dead-lettered without origin annotations (%s)",
-                        queue_name, entry.seq, exc)
+            self._dead_log.log(logging.WARNING, ("unmarked", queue_name),
+                               "queue %s: message seq=%d dead-lettered without origin annotations (%s)",
+                               queue_name, entry.seq, exc)
             return payload
 
     def queues_owned_by(self, owner: Any) -> Iterable[Queue]:

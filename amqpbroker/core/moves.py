@@ -13,18 +13,30 @@ neither.  A copy routed nowhere leaves the message where it was.
 Only waiting messages move (ready, and those of the paged region): a message a
 consumer holds is not the queue's to give away (its outcome is still to come), and
 a scheduled one waits for its time.
+
+No self-feeding loops (core/history.py): a move only examines what its source held
+when it started (it takes a sequence number as its bound: whatever arrives later,
+its own copies included, is above it), and a copy never goes back into its source
+(an exchange bound back to it), nor, for a replay, into the dead-letter queue it
+came from: the copy carries a history record naming the queue, the reason
+(`moved` / `replayed`) and the operation (`op`), and the routing leaves out the
+queues the history names for this reason and operation.  A move can be cancelled
+between slices (`cancel`); its report counts what it examined of `total`.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from . import history
 from .broker import QueueLimit
 from .addresses import AddressKind, AddressNotFound, Resolution
-from .deadletters import DLQ_KEYS, AnnotationError, origin, rewrite_annotations
-from .message import MalformedMessage, Message, selector_accepts
+from .deadletters import AnnotationError, history_of, mark_moved, origin
+from .message import APPLICATION_PROPERTIES, MalformedMessage, Message, selector_lookup
 from .queues import Queue
+from .selectors import SelectorBudgetExceeded
 
 SLICE = 256                # messages examined per step (one loop turn)
 SLICE_BYTES = 4 << 20      # … or this many bytes moved
@@ -38,6 +50,7 @@ class MoveRefused(ValueError):
 class MoveReport:
     """What a move did, as the management API shows it."""
     queue: str
+    total: int = 0                                   # waiting in the source when it started
     moved: int = 0
     examined: int = 0
     skipped: int = 0                                 # left in place (see `reasons`)
@@ -50,9 +63,12 @@ class MoveReport:
         self.reasons[why] = self.reasons.get(why, 0) + 1
 
     def view(self) -> dict:
-        return {"queue": self.queue, "moved": self.moved, "examined": self.examined,
+        return {"queue": self.queue, "total": self.total, "moved": self.moved, "examined": self.examined,
                 "skipped": self.skipped, "destinations": dict(self.destinations),
                 "skip_reasons": dict(self.reasons), "stopped": self.stopped}
+
+
+_ops = itertools.count(1)
 
 
 class Move:
@@ -60,10 +76,12 @@ class Move:
     dead-letter origin, a replay); `replay` also takes the dead-letter annotations out
     and gives the message a fresh delivery-count (below); `selector`: a compiled JMS
     selector; `limit`: at most this many moved (0: all); `permit(address)`: whether
-    the requester may send there (a dead-letter origin is whatever the message says)."""
+    the requester may send there (a dead-letter origin is whatever the message says);
+    `op`: the operation's name in the copies' history (a job id)."""
 
     def __init__(self, broker: Any, queue: Queue, *, to: str | None, replay: bool,
-                 selector: Any = None, limit: int = 0, permit: Callable[[str], bool] | None = None):
+                 selector: Any = None, limit: int = 0, permit: Callable[[str], bool] | None = None,
+                 op: str | None = None):
         self.broker = broker
         self.permit = permit     # may the requester send there (management: `manage` on it)
         self.queue = queue
@@ -71,14 +89,25 @@ class Move:
         self.replay = replay
         self.selector = selector
         self.limit = limit
+        self.op = op or f"{'replay' if replay else 'move'}-{next(_ops)}"
+        self.reason = history.REPLAYED if replay else history.MOVED
         self.cursor = 0
         self.done = False
-        self.report = MoveReport(queue.name)
+        self.report = MoveReport(queue.name, total=queue.depth - queue.acquired)
         self._targets: dict[str, Resolution | str] = {}
+        # The bound: every entry that arrives from now on (our copies included) has a
+        # higher sequence number than this one, taken now.
+        self.until = queue.next_seq()
         if to is not None:
             target = self._resolve(to, explicit=True)
             if isinstance(target, str):
                 raise MoveRefused(target)
+
+    def cancel(self, why: str = "cancelled") -> None:
+        """Stop before the next slice (what moved stays moved)."""
+        if not self.done:
+            self.done = True
+            self.report.stopped = why
 
     def step(self) -> bool:
         """Move up to one slice; True when the move is over."""
@@ -87,10 +116,10 @@ class Move:
             return True
         room = SLICE_BYTES
         batch = self.queue.waiting_after(self.cursor, SLICE)
-        if not batch:
+        if not batch or batch[0][0].seq > self.until:
             self.done = True
         for entry, state in batch:
-            if self.limit and self.report.moved >= self.limit:
+            if entry.seq > self.until or (self.limit and self.report.moved >= self.limit):
                 self.done = True
                 break
             self.cursor = entry.seq
@@ -107,7 +136,11 @@ class Move:
         if msg is None:
             report.skip("unreadable")
             return 0
-        if self.selector is not None and not selector_accepts(self.selector, msg, entry.delivery_count):
+        try:
+            if self.selector is not None and not selects(self.selector, msg, entry.delivery_count):
+                return 0
+        except SelectorBudgetExceeded as exc:
+            self.cancel(f"message seq={entry.seq}: {exc}")
             return 0
         address = self.to if self.to is not None else self._origin_address(msg)
         if address is None:
@@ -121,8 +154,14 @@ class Move:
             report.skip(target)
             return 0
         try:
-            copy = Message(self._payload(entry, msg), publisher=msg.publisher)
-            routed = self.broker.publish(copy, target)
+            raw = self._payload(entry, msg)
+            copy = Message(raw, publisher=msg.publisher)
+            avoid = history.excluded(history_of(raw), self.reason, self.op)
+            if not [q for q in self.broker.destinations(copy, target) if q.name not in avoid]:
+                report.skip(f"routed back into queue {self.queue.name} only" if self.queue.name in avoid
+                            else f"routed nowhere from {address}")
+                return 0
+            routed = self.broker.publish(copy, target, exclude=avoid)
         except (MalformedMessage, AnnotationError):
             report.skip("unreadable")
             return 0
@@ -148,14 +187,14 @@ class Move:
             return None
 
     def _payload(self, entry: Any, msg: Message) -> bytes:
-        """The bytes the copy carries.  A replay takes out the annotations the
+        """The bytes the copy carries, with one more history record (core/deadletters.py
+        mark_moved).  A replay takes out the annotations and properties the
         dead-lettering added and sets delivery-count 0 (§3.2.1): the message is given
         its attempts again, or a queue with max_delivery_attempts would dead-letter it
         again at its first failure.  A move keeps the count (JMSRedelivered stays
         true for a message that was delivered)."""
-        if not self.replay:
-            return msg.encoded(entry.delivery_count)
-        return rewrite_annotations(msg.encoded(0), drop=DLQ_KEYS)
+        raw = msg.encoded(0 if self.replay else entry.delivery_count)
+        return mark_moved(raw, self.queue.name, self.op, int(self.broker.clock() * 1000), replay=self.replay)
 
     def _resolve(self, address: str, *, explicit: bool) -> Resolution | str:
         """The destination of `address`, or why there is none.  An explicit `to` must
@@ -177,14 +216,30 @@ class Move:
         return target
 
 
-def compile_filter(text: str | None) -> Any:
+def compile_filter(text: str | None, max_length: int) -> Any:
     """A JMS selector (JMS 2.0 §3.8.1) for a move or a browse; None for none.
-    Raises ValueError with the selector's own message when it does not compile."""
+    Raises ValueError with the selector's own message when it is longer than
+    `max_length` (limits.max_selector_length, as on an AMQP attach) or does not compile."""
     if text is None or not text.strip():
         return None
-    from .selectors import SelectorError, compile_selector
+    from .selectors import SelectorError, check_length, compile_selector
     try:
+        check_length(text, max_length)
         return compile_selector(text)
     except SelectorError as exc:
         raise ValueError(f"bad selector: {exc}") from None
+
+
+def selects(selector: Any, msg: Message, delivery_count: int) -> bool:
+    """Whether the selector accepts the message, as core/message.py selector_accepts
+    decides, except that an evaluation over its budget raises
+    SelectorBudgetExceeded: an operator's browse or move says so instead of skipping."""
+    try:
+        if msg.has_section(APPLICATION_PROPERTIES):
+            msg.application_properties   # one that does not decode fails every selector
+        return selector.matches(selector_lookup(msg, delivery_count))
+    except SelectorBudgetExceeded:
+        raise
+    except (MalformedMessage, TypeError, ValueError, ArithmeticError, RecursionError):
+        return False
 

@@ -10,6 +10,8 @@ refused (the API's error is printed), 2 usage error, 3 broker unreachable.
     amqpbroker admin --url https://broker:8161 --user admin close-connection 12
     amqpbroker admin dlq replay DLQ --filter "JMSType = 'order'" --limit 100
     amqpbroker admin move orders --to orders.parked
+    amqpbroker admin jobs
+    amqpbroker admin cancel-job move-3
     amqpbroker admin messages DLQ --limit 20
     amqpbroker admin backup /var/backups/amqpbroker/2024-05-01
     amqpbroker admin reload
@@ -138,6 +140,22 @@ def move_summary(verb: str, r: dict) -> str:
     return text
 
 
+def _wait(args: argparse.Namespace) -> float:
+    """Seconds a request may wait for a job to end (within the HTTP timeout)."""
+    return max(0.0, min(args.timeout - 1.0, 30.0))
+
+
+def follow(client: Any, job: dict, args: argparse.Namespace) -> dict:
+    """Wait for a move or replay job to end (it runs on the broker whatever we do):
+    Ctrl-C cancels it (DELETE /api/jobs/{id})."""
+    try:
+        while job["state"] == "running":
+            job = client.call("GET", job["href"], wait=_wait(args))
+    except KeyboardInterrupt:
+        job = client.call("DELETE", job["href"])
+    return job
+
+
 def message_rows(page: dict) -> Rows:
     rows = []
     for m in page["messages"]:
@@ -233,6 +251,9 @@ def _parser() -> argparse.ArgumentParser:
     sp = cmd("move", "move waiting messages of a queue to another address, each atomically")
     sp.add_argument("queue")
     _move_options(sp, required_to=True)
+    cmd("jobs", "moves and replays running or recently ended (progress, report)")
+    sp = cmd("cancel-job", "cancel a running move or replay (what moved stays moved)")
+    sp.add_argument("id")
     sp = cmd("messages", "browse a queue's waiting messages (nothing is delivered or changed)")
     sp.add_argument("queue")
     sp.add_argument("--offset", type=int, default=0, help="skip this many first")
@@ -353,8 +374,24 @@ def run(args: argparse.Namespace, client: Client, out: Any) -> int:
     elif c in ("dlq", "move"):
         body = {k: v for k, v in (("to", args.to), ("selector", args.selector), ("limit", args.limit)) if v}
         verb = "replay" if c == "dlq" else "move"
-        result = client.call("POST", f"/api/queues/{quote(args.queue, safe='')}/{verb}", body)
-        message = move_summary(verb, result)
+        job = client.call("POST", f"/api/queues/{quote(args.queue, safe='')}/{verb}", body, wait=_wait(args))
+        job = follow(client, job, args)
+        result = job["report"] if not args.json else job
+        message = move_summary(verb, job["report"]) + ("" if job["state"] in ("done", "stopped")
+                                                        else f" ({job['state']}, job {job['id']})")
+    elif c == "jobs":
+        jobs = client.call("GET", "/api/jobs")
+        if args.json:
+            print(json.dumps(jobs, indent=2), file=out)
+        else:
+            for j in jobs:
+                p = j["progress"]
+                print(f"{j['id']}  {j['state']:<9} {j['kind']} of '{j['queue']}' by {j['who']}: "
+                      f"{p['examined']}/{p['total']} examined; {move_summary(j['kind'], j['report'])}", file=out)
+        return 0
+    elif c == "cancel-job":
+        result = client.call("DELETE", f"/api/jobs/{quote(args.id, safe='')}")
+        message = f"job {result['id']} {result['state']}: {move_summary(result['kind'], result['report'])}"
     elif c == "messages":
         result = client.call("GET", f"/api/queues/{quote(args.queue, safe='')}/messages", offset=args.offset,
                              limit=args.limit, selector=args.selector)

@@ -1,13 +1,13 @@
 """The management API's message endpoints: browsing a queue's messages, move,
-replay (docs/operations.md "Dead-letter replay and move", "Browsing messages") and
-the hot backup ("Hot backup").  Registered by api.build_app; the work is in
-messages.py, the decisions in core/moves.py and core/browsing.py."""
+replay as jobs (docs/operations.md "Dead-letter replay and move", "Browsing
+messages") and the hot backup ("Hot backup").  Registered by api.build_app; the work
+is in messages.py and jobs.py, the decisions in core/moves.py and core/browsing.py."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-from fastapi import FastAPI, Query
+from fastapi import FastAPI, Query, Response
 from pydantic import BaseModel, Field
 
 from .auth import Principal
@@ -27,12 +27,38 @@ class MoveIn(BaseModel):
 
 class MoveOut(BaseModel):
     queue: str
+    total: int = Field(description="waiting in the queue when it started: what it may examine")
     moved: int
     examined: int
     skipped: int = Field(description="chosen but left in place (see skip_reasons)")
     destinations: dict[str, int]
     skip_reasons: dict[str, int]
     stopped: str | None = Field(description="why the move ended before the queue's end")
+
+
+class ProgressOut(BaseModel):
+    examined: int
+    total: int
+
+
+class JobOut(BaseModel):
+    """A move or replay: it runs on the broker whatever the HTTP client does."""
+    id: str
+    kind: Literal["move", "replay"]
+    queue: str
+    state: Literal["running", "done", "stopped", "cancelled", "failed"] = Field(
+        description="done: went through; stopped: ended early (report.stopped says why); cancelled: DELETE")
+    who: str
+    started_at: float
+    finished_at: float | None
+    error: str | None
+    progress: ProgressOut
+    report: MoveOut
+    href: str
+
+
+WAIT = Query(0.0, ge=0, le=300, description="seconds to wait for the job to end before answering "
+                                             "(202 while it runs, 200 once it ended)")
 
 
 class BodyPreviewOut(BaseModel):
@@ -89,25 +115,56 @@ def add_message_routes(app: FastAPI, ops: "Operations", auth: Any) -> None:
         principal.require(name)
         return await ops.messages.browse(name, offset=offset, limit=limit, selector=selector)
 
-    @app.post("/api/queues/{name:path}/move", response_model=MoveOut, tags=["messages"],
-              summary="Move waiting messages to another address, each atomically")
-    async def move_messages(name: str, body: MoveIn, principal: Principal = auth) -> dict:
+    async def started(job: Any, wait: float, response: Response) -> dict:
+        await ops.messages.jobs.wait(job, wait)
+        response.status_code = 202 if job.state == "running" else 200
+        return job.view()
+
+    @app.post("/api/queues/{name:path}/move", response_model=JobOut, tags=["messages"], status_code=202,
+              summary="Move waiting messages to another address, each atomically (a job: GET or DELETE "
+                      "/api/jobs/{id})")
+    async def move_messages(name: str, body: MoveIn, response: Response, wait: float = WAIT,
+                            principal: Principal = auth) -> dict:
         principal.require(name)
         if body.to is not None:
             principal.require(body.to)
-        return await ops.messages.move(name, to=body.to, selector=body.selector, limit=body.limit,
-                                       replay=False, who=principal.user or "(loopback)")
+        job = ops.messages.start_move(name, to=body.to, selector=body.selector, limit=body.limit,
+                                      replay=False, who=principal.user or "(loopback)")
+        return await started(job, wait, response)
 
-    @app.post("/api/queues/{name:path}/replay", response_model=MoveOut, tags=["messages"],
+    @app.post("/api/queues/{name:path}/replay", response_model=JobOut, tags=["messages"], status_code=202,
               summary="Send dead-lettered messages back to their origin (or to `to`), without the "
-                      "dead-letter annotations")
-    async def replay_messages(name: str, body: MoveIn | None = None, principal: Principal = auth) -> dict:
+                      "dead-letter annotations (a job: GET or DELETE /api/jobs/{id})")
+    async def replay_messages(response: Response, name: str, body: MoveIn | None = None, wait: float = WAIT,
+                              principal: Principal = auth) -> dict:
         body = body or MoveIn()
         principal.require(name)
         if body.to is not None:
             principal.require(body.to)
-        return await ops.messages.move(name, to=body.to, selector=body.selector, limit=body.limit,
-                                       replay=True, who=principal.user or "(loopback)", permit=principal.may)
+        job = ops.messages.start_move(name, to=body.to, selector=body.selector, limit=body.limit,
+                                      replay=True, who=principal.user or "(loopback)", permit=principal.may)
+        return await started(job, wait, response)
+
+    @app.get("/api/jobs", response_model=list[JobOut], tags=["messages"],
+             summary="Moves and replays, running and recently ended (of the queues you may manage)")
+    async def list_jobs(principal: Principal = auth) -> list[dict]:
+        return [j.view() for j in ops.messages.jobs.all() if principal.may(j.queue)]
+
+    @app.get("/api/jobs/{job_id}", response_model=JobOut, tags=["messages"], summary="A move or replay's progress")
+    async def get_job(job_id: str, wait: float = WAIT, principal: Principal = auth) -> dict:
+        job = ops.messages.jobs.get(job_id)
+        principal.require(job.queue)
+        await ops.messages.jobs.wait(job, wait)
+        return job.view()
+
+    @app.delete("/api/jobs/{job_id}", response_model=JobOut, tags=["messages"],
+                summary="Cancel a move or replay between two slices (what moved stays moved)")
+    async def cancel_job(job_id: str, principal: Principal = auth) -> dict:
+        job = ops.messages.jobs.get(job_id)
+        principal.require(job.queue)
+        ops.messages.jobs.cancel(job_id, principal.user or "(loopback)")
+        await ops.messages.jobs.wait(job, 5.0)
+        return job.view()
 
     @app.post("/api/reload", tags=["broker"],
               summary="Live reload: re-read the configuration file (users, ACLs, expiry policies, queue "

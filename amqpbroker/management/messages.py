@@ -5,7 +5,10 @@ hot backup of the store.
 Browsing and moving run on the broker's loop a slice per loop turn (core/moves.py
 SLICE; browsing the same), yielding in between: a replay of a million messages
 delays AMQP traffic by a slice, never by the whole replay.  Each moved message's
-removal and arrival go into the same store batch (core/moves.py).  The backup runs
+removal and arrival go into the same store batch (core/moves.py).  A move or replay
+is a job (management/jobs.py): it runs whether or not its HTTP client waits, reports
+its progress and can be cancelled.  Selectors have the AMQP side's length limit
+(limits.max_selector_length) and an evaluation budget (core/selectors/like.py).  The backup runs
 `amqpbroker store backup` (store/tool.py) in a child process, waited for in the
 management worker thread (`off_loop`): LMDB's copy runs in one read transaction
 while the writer goes on, and the broker's own process opens no second handle on
@@ -23,9 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from ..core.browsing import message_view
-from ..core.message import Message, selector_accepts
-from ..core.moves import Move, MoveRefused, compile_filter
+from ..core.message import Message
+from ..core.moves import Move, MoveRefused, compile_filter, selects
+from ..core.selectors import SelectorBudgetExceeded
 from .admin import Admin, AdminError, Conflict, NotFound
+from .jobs import Job, Jobs
 
 log = logging.getLogger("amqpbroker.admin")
 
@@ -39,6 +44,13 @@ class MessageOps:
         self.admin = admin
         self.managed = admin.managed
         self.broker = admin.broker
+        self.jobs = Jobs()
+
+    def _selector(self, text: str | None) -> Any:
+        try:
+            return compile_filter(text, self.managed.settings.limits.max_selector_length)
+        except ValueError as exc:
+            raise AdminError(str(exc)) from None
 
     # ------------------------------------------------------------------ browsing
 
@@ -48,7 +60,7 @@ class MessageOps:
         order; those a consumer holds are counted in `unacked`, not listed.  Changes
         nothing: no delivery, no delivery-count, no body kept in memory."""
         q = self.admin.queue(name)
-        sel = _selector(selector)
+        sel = self._selector(selector)
         out: list[dict] = []
         cursor = skipped = 0
         while len(out) < limit and not q.deleted:
@@ -61,8 +73,11 @@ class MessageOps:
                 if msg is None:
                     continue
                 fresh = Message(msg.raw, arrival=msg.arrival)   # decoded here, not on the live message
-                if sel is not None and not selector_accepts(sel, fresh, entry.delivery_count):
-                    continue
+                try:
+                    if sel is not None and not selects(sel, fresh, entry.delivery_count):
+                        continue
+                except SelectorBudgetExceeded as exc:
+                    raise AdminError(f"message seq={entry.seq}: {exc}") from None
                 if skipped < offset:
                     skipped += 1
                     continue
@@ -75,38 +90,46 @@ class MessageOps:
 
     # ------------------------------------------------------------------ moving
 
-    async def move(self, name: str, *, to: str | None, selector: str | None, limit: int,
-                   replay: bool, who: str, permit: Any = None) -> dict:
-        """Move (or replay) a queue's waiting messages; the report once every moved
-        message's batch has committed."""
+    def start_move(self, name: str, *, to: str | None, selector: str | None, limit: int,
+                   replay: bool, who: str, permit: Any = None) -> Job:
+        """Start moving (or replaying) a queue's waiting messages: the job, running."""
         q = self.admin.queue(name)
-        sel = _selector(selector)
+        sel = self._selector(selector)
         if not replay and not to:
             raise AdminError("'to' is required: the address to move the messages to")
-        try:
-            move = Move(self.broker, q, to=to or None, replay=replay, selector=sel, limit=limit, permit=permit)
-        except MoveRefused as exc:
-            raise (NotFound if "no queue or exchange" in str(exc) or "no destination" in str(exc)
-                   else AdminError)(str(exc)) from None
-        what = "replay" if replay else "move"
-        log.info("admin: %s of queue '%s' started by %s (to %s, selector %s, limit %s)", what, name, who,
-                 to or "each message's origin", selector or "none", limit or "none")
+        kind = "replay" if replay else "move"
+
+        def make(op: str) -> Move:
+            try:
+                return Move(self.broker, q, to=to or None, replay=replay, selector=sel, limit=limit,
+                            permit=permit, op=op)
+            except MoveRefused as exc:
+                raise (NotFound if "no queue or exchange" in str(exc) or "no destination" in str(exc)
+                       else AdminError)(str(exc)) from None
+
+        job = self.jobs.start(kind, name, who, make, self._run)
+        log.info("admin: %s of queue '%s' started by %s as job %s (to %s, selector %s, limit %s)", kind, name,
+                 who, job.id, to or "each message's origin", selector or "none", limit or "none")
+        return job
+
+    async def _run(self, job: Job) -> None:
+        """A move a slice per loop turn; over once every moved message's batch committed."""
+        move = job.move
         started = time.monotonic()
         while True:
             refusal = self._store_refuses()
             if refusal is not None:
-                move.report.stopped = refusal
+                move.cancel(refusal)
                 break
             if move.step():
                 break
             await asyncio.sleep(0)
         await self.admin.synced()
         view = move.report.view()
-        log.info("admin: %s of queue '%s' by %s: %d moved (%s), %d skipped%s in %.1f s", what, name, who,
-                 view["moved"], ", ".join(f"{k}: {v}" for k, v in view["destinations"].items()) or "-",
-                 view["skipped"], f", stopped: {view['stopped']}" if view["stopped"] else "",
-                 time.monotonic() - started)
-        return view
+        log.info("admin: %s of queue '%s' by %s (job %s): %d moved (%s), %d skipped%s in %.1f s", job.kind,
+                 job.queue, job.who, job.id, view["moved"],
+                 ", ".join(f"{k}: {v}" for k, v in view["destinations"].items()) or "-", view["skipped"],
+                 f", stopped: {view['stopped']}" if view["stopped"] else "", time.monotonic() - started)
 
     def _store_refuses(self) -> str | None:
         """A store that refuses durable writes (full, degraded) would fail the batch
@@ -169,13 +192,6 @@ def destination_problem(dest: str) -> str | None:
     if longest > NAME_MAX:
         return f"a name in the path is longer than {NAME_MAX} bytes ({longest})"
     return None
-
-
-def _selector(text: str | None) -> Any:
-    try:
-        return compile_filter(text)
-    except ValueError as exc:
-        raise AdminError(str(exc)) from None
 
 
 def _run_backup(source: str, dest: str) -> subprocess.CompletedProcess:

@@ -139,6 +139,15 @@ def protection_figures(managed: Any) -> dict[str, tuple[str, str, float]]:
     if alarms is not None:
         out.update(alarm_figures(alarms))
     out.update(ha_figures(managed))   # none without [ha]
+    broker = getattr(managed, "broker", None)
+    if broker is not None:
+        from ..core.selectors import Stats
+        out["amqpbroker_dead_letters_dropped_total"] = (
+            "counter", "Messages that died in a dead-letter queue, or whose dead-letter address was unusable or "
+            "full: dropped, never dead-lettered again", broker.dead_letters_dropped_total)
+        out["amqpbroker_selector_budget_exceeded_total"] = (
+            "counter", "Selector evaluations stopped by their budget (the message did not match)",
+            Stats.budget_exceeded_total)
     flow = getattr(managed, "flow", None)
     if flow is not None:
         out["amqpbroker_producers_held"] = (

@@ -173,6 +173,7 @@ class BrokerServer:
         self.durability.recover(snapshot, subscription_filter)
         self.durability.install()
         self._declare_configured()
+        log.log(*self.broker.declare_dead_letters())   # the DLQ exists before anything dies
         self.alarm_watch.start()        # first readings before any producer attaches
         await self.operations.start()   # before the AMQP listeners: its port is logged first
         self.listeners.append(Listener("amqp", s.host, s.port, self._sasl_policy(s.host, s.allow_anonymous),

@@ -12,7 +12,7 @@ from proton import Link
 from ..core.addresses import TEMP_PREFIX, AddressKind, AddressNotFound
 from ..core.broker import QueueLimit
 from ..core.queues import ExclusivityPolicy, LifetimePolicy, Queue
-from ..core.selectors import SelectorError, compile_selector
+from ..core.selectors import SelectorError, check_length, compile_selector
 from ..core.subscriptions import (
     RESOURCE_LIMIT,
     RESOURCE_LOCKED,
@@ -83,11 +83,8 @@ class ConsumerAttacher:
         text = source.selector
         if text is None:
             return None
-        limit = self.server.settings.limits.max_selector_length
-        if len(text) > limit:
-            raise AttachRefused("amqp:invalid-field", f"Invalid JMS Selector: longer than {limit} "
-                                                      f"characters (limits.max_selector_length)")
         try:
+            check_length(text, self.server.settings.limits.max_selector_length)
             return compile_selector(text)
         except SelectorError as exc:
             raise AttachRefused("amqp:invalid-field", f"Invalid JMS Selector: {exc}") from None

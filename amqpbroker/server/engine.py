@@ -410,6 +410,13 @@ class AmqpProtocol(asyncio.Protocol):
     def _store_committed(self, batch: int, error: BaseException | None) -> None:
         if self.hold.committed(batch):
             self.mark_dirty()
+            # Consumers got no credit while the output was held (LinkConsumer.credit):
+            # their queues go on at the next loop turn, not inside the store's callback.
+            self.loop.call_soon(self.writable_again)
+
+    def writable_again(self) -> None:
+        if self.handler is not None and not self.closed:
+            self.handler.writable_again()
 
     def flush(self) -> None:
         """Move pending transport output to the socket and re-arm the timer."""

@@ -85,8 +85,14 @@ class LinkConsumer:
 
     def credit(self) -> int:
         """How many deliveries may go now (ConsumerPort): each uses exactly one, so a
-        queue may read this once for a run of entries."""
-        if self.closed or not self.ready or self.handler.protocol.write_paused:
+        queue may read this once for a run of entries.  None while the socket is
+        paused, or while the connection's output waits for a store commit
+        (AmqpProtocol.hold_for_store): deliveries handed over then would only pile up
+        in the engine, and each may ask for a newer batch, so the output could stay
+        held for as long as the backlog lasts (settled transfers: nothing else bounds
+        them).  The queue is dispatched again when the output is released."""
+        protocol = self.handler.protocol
+        if self.closed or not self.ready or protocol.write_paused or protocol.hold.held:
             return 0
         room = self.max_unsettled - len(self.unsettled)
         if room <= 0:

@@ -4,9 +4,17 @@ LMDB maps `data.mdb` and trusts it: a file shorter than its own meta pages say
 is a SIGBUS at the first read past its end (no exception, no log line), and a
 missing or empty file is silently a new, empty store.  So before `lmdb.open`:
 
-* `check_header` (pure, on bytes): the two meta pages at the head of the file
-  and the file's size.  A whole file is at least (last page + 1) x page size
-  bytes, as the newer meta page records it.
+* `check_header` (pure: bytes and a page reader in, verdict out): the two meta
+  pages at the head of the file and the file's size.  The newer meta page records
+  the last page in use ("last page"), but LMDB (without writemap) writes only the
+  pages still in use at commit: pages a transaction took from the end and gave back
+  before committing (a value written then deleted, a split page merged again) are
+  counted in the last page, put on the free list and never written, so a healthy
+  file may end before (last page + 1) x page size.  Nothing reads a free page before
+  it is used again (and written).  So a whole file holds every page up to the
+  highest page in use that is *not* on the free list (`needed_size`); the free
+  list (LMDB's free database: transaction id -> list of page numbers) is read from
+  the file, only when the file is shorter than the last page says.
 * `preflight` (file level): that, plus the marker file `store.state` written
   beside data.mdb once a store exists.  A marker without data.mdb, or with an
   empty one, is a store that vanished, not a new one.
@@ -30,6 +38,18 @@ tests/store/test_integrity.py:
     88      mm_dbs[1] (main database, 48 bytes): same layout
     136     mm_last_pg (u64): the last page in use
     144     mm_txnid (u64): the transaction that wrote this meta page
+
+A page of the free database (mdb.c `MDB_page`, `MDB_node`):
+
+    0       mp_pgno (u64): the page's own number
+    10      mp_flags (u16): P_BRANCH 0x01, P_LEAF 0x02, P_OVERFLOW 0x04
+    12      mp_lower, mp_upper (u16 x 2); an overflow page: mp_pages (u32), its length
+    16      mp_ptrs (u16 each, (mp_lower - 16) / 2 of them): offsets of the nodes
+    node    mn_lo, mn_hi (u16 x 2), mn_flags (u16), mn_ksize (u16), key, data
+            branch: child page = mn_lo | mn_hi << 16 | mn_flags << 32
+            leaf: data size = mn_lo | mn_hi << 16; F_BIGDATA (0x01): the data is the
+            number (u64) of the overflow page holding it
+    data    an IDL: a count (u64), then that many page numbers (u64)
 """
 
 from __future__ import annotations
@@ -40,6 +60,7 @@ import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from .base import StoreError
 
@@ -60,6 +81,13 @@ _DB = struct.Struct("=IHHQQQQQ")       # pad, flags, depth, branch, leaf, overfl
 _TAIL = struct.Struct("=QQ")           # last_pg, txnid
 HEADER_BYTES = 2 * MAX_PAGE            # enough of the file for both meta pages, any page size
 _NATIVE_64 = struct.calcsize("P") == 8
+P_BRANCH, P_LEAF, P_OVERFLOW = 0x01, 0x02, 0x04
+F_BIGDATA = 0x01
+_NODE = struct.Struct("=HHHH")         # mn_lo, mn_hi, mn_flags, mn_ksize
+_U64 = struct.Struct("=Q")
+
+# read(first page, count, page size) -> the bytes of those pages (shorter past the end)
+PageReader = Callable[[int, int, int], bytes]
 
 
 class StoreDamaged(StoreError):
@@ -80,7 +108,8 @@ class Meta:
 
     @property
     def needed_bytes(self) -> int:
-        """The least a whole data.mdb holds: every page up to the last in use."""
+        """What a file holding every page up to the last one holds; a healthy file may
+        hold less (its tail free, never written): see `needed_size`."""
         return (self.last_page + 1) * self.page_size
 
 
@@ -115,10 +144,11 @@ def parse_meta(page: bytes, index: int, page_size: int | None = None) -> Meta:
     return meta
 
 
-def check_header(head: bytes, file_size: int) -> Meta:
+def check_header(head: bytes, file_size: int, read: PageReader | None = None) -> Meta:
     """The meta page LMDB will use (the newer of the two) of a data.mdb whose first
     bytes are `head` and whose size is `file_size`; StoreDamaged when the file
-    cannot be whole.  Pure: bytes in, verdict out."""
+    cannot be whole.  `read` gives pages of the file beyond `head` (the free list is
+    read only when the file ends before the last page).  Pure: bytes in, verdict out."""
     if not _NATIVE_64:   # the layout above is the 64-bit one
         raise StoreDamaged("store checks need a 64-bit platform")
     if file_size < 2 * MIN_PAGE or len(head) < META_SIZE:
@@ -132,11 +162,107 @@ def check_header(head: bytes, file_size: int) -> Meta:
     second = parse_meta(head[psize:psize + META_SIZE], 1, psize)
     meta = first if first.txnid >= second.txnid else second
     if file_size < meta.needed_bytes:
-        raise StoreDamaged(
-            f"{DATA_FILE} is {file_size} bytes but its meta page {meta.page} (transaction {meta.txnid}) "
-            f"records {meta.last_page + 1} pages of {psize} bytes ({meta.needed_bytes} bytes): "
-            "the file was truncated")
+        needed_size(meta, file_size, read or _reader_of(head))
     return meta
+
+
+def file_pages(file_size: int, page_size: int) -> int:
+    """Whole pages in a file of `file_size` bytes (a part of a page is no page)."""
+    return file_size // page_size
+
+
+def needed_size(meta: Meta, file_size: int, read: PageReader) -> int:
+    """The least a whole data.mdb of this meta page holds: every page up to the
+    highest one in use, i.e. up to the last page less the free pages at the top.
+    StoreDamaged when the file ends before a page in use (truncated), or when the
+    free list it must read is past the end or damaged."""
+    psize = meta.page_size
+    have = file_pages(file_size, psize)
+    records = (f"{DATA_FILE} is {file_size} bytes but its meta page {meta.page} (transaction {meta.txnid}) "
+               f"records {meta.last_page + 1} pages of {psize} bytes ({meta.needed_bytes} bytes)")
+    try:
+        free = _free_pages(meta, read, have)
+    except _PastEnd as exc:
+        raise StoreDamaged(f"{records} and page {exc.pgno} of its free list is past its end: "
+                           "the file was truncated") from None
+    top = meta.last_page
+    while top >= have and top in free:
+        top -= 1
+    if top >= have:
+        raise StoreDamaged(f"{records} and page {top}, past its end, is in use (not on LMDB's free "
+                           "list): the file was truncated")
+    while top > 1 and top in free:   # within the file: the exact boundary (tests, tools)
+        top -= 1
+    return (top + 1) * psize
+
+
+def _free_pages(meta: Meta, read: PageReader, have: int) -> set[int]:
+    """The pages on the free list of `meta` (LMDB's free database, read page by
+    page: bounded by the pages the meta page counts in it)."""
+    out: set[int] = set()
+    root = meta.free_root
+    if root == P_INVALID:
+        return out
+    psize = meta.page_size
+    where = f"the free list of {DATA_FILE} (meta page {meta.page}, transaction {meta.txnid})"
+    stack, seen = [root], set()
+    while stack:
+        pgno = stack.pop()
+        if pgno in seen or len(seen) > meta.free_pages or pgno > meta.last_page:
+            raise StoreDamaged(f"{where} is damaged (page {pgno})")
+        seen.add(pgno)
+        page = _page(read, pgno, 1, psize, have)
+        number, _, flags, lower, upper = struct.unpack_from("=QHHHH", page, 0)
+        if number != pgno or not flags & (P_BRANCH | P_LEAF) or not 16 <= lower <= upper <= psize:
+            raise StoreDamaged(f"{where} is damaged (page {pgno}: number {number}, flags {flags:#x})")
+        for ptr in struct.unpack_from(f"={(lower - 16) // 2}H", page, 16):
+            if not upper <= ptr <= psize - _NODE.size:
+                raise StoreDamaged(f"{where} is damaged (page {pgno}: a node at offset {ptr})")
+            lo, hi, nflags, ksize = _NODE.unpack_from(page, ptr)
+            if flags & P_BRANCH:
+                stack.append(lo | hi << 16 | nflags << 32)
+                continue
+            data_at, size = ptr + _NODE.size + ksize, lo | hi << 16
+            if nflags & F_BIGDATA:
+                (overflow,) = _U64.unpack_from(page, data_at)
+                head = _page(read, overflow, 1, psize, have)
+                count = struct.unpack_from("=I", head, 12)[0]
+                if overflow + count - 1 > meta.last_page or count * psize < 16 + size:
+                    raise StoreDamaged(f"{where} is damaged (overflow page {overflow} of {count} pages)")
+                seen.update(range(overflow, overflow + count))
+                data = _page(read, overflow, count, psize, have)[16:16 + size]
+            else:
+                data = page[data_at:data_at + size]
+            out.update(_idl(data, where))
+    return out
+
+
+def _idl(data: bytes, where: str) -> tuple[int, ...]:
+    """The page numbers of one free-list record (a count, then the numbers)."""
+    if len(data) < 8:
+        raise StoreDamaged(f"{where} is damaged (a record of {len(data)} bytes)")
+    (count,) = _U64.unpack_from(data, 0)
+    if 8 + 8 * count > len(data):
+        raise StoreDamaged(f"{where} is damaged (a record of {count} pages in {len(data)} bytes)")
+    return struct.unpack_from(f"={count}Q", data, 8)
+
+
+class _PastEnd(Exception):
+    def __init__(self, pgno: int):
+        self.pgno = pgno
+
+
+def _page(read: PageReader, pgno: int, count: int, psize: int, have: int) -> bytes:
+    """`count` pages from `pgno`; _PastEnd when the file ends before them."""
+    data = read(pgno, count, psize) if pgno + count <= have else b""
+    if len(data) < count * psize:
+        raise _PastEnd(pgno + count - 1)
+    return data
+
+
+def _reader_of(head: bytes) -> PageReader:
+    """Pages out of the bytes at hand (the head of the file)."""
+    return lambda pgno, count, psize: head[pgno * psize:(pgno + count) * psize]
 
 
 # ---------------------------------------------------------------------- files
@@ -219,10 +345,14 @@ def preflight(store_dir: Path) -> Preflight:
     try:
         with open(data, "rb") as f:
             head = f.read(HEADER_BYTES)
+
+            def read(pgno: int, count: int, psize: int) -> bytes:
+                return os.pread(f.fileno(), count * psize, pgno * psize)
+
+            try:
+                meta = check_header(head, size, read)
+            except StoreDamaged as exc:
+                raise StoreDamaged(f"{data}: {exc}") from None
     except OSError as exc:
         raise StoreDamaged(f"cannot read {data}: {exc}") from exc
-    try:
-        meta = check_header(head, size)
-    except StoreDamaged as exc:
-        raise StoreDamaged(f"{data}: {exc}") from None
     return Preflight(True, meta, marker)

@@ -65,7 +65,7 @@ def test_replay_sends_every_message_back_without_the_annotations():
 
 def test_replay_with_selector_and_limit():
     b = dead_lettered(5)
-    sel = compile_filter("i >= 2")
+    sel = compile_filter("i >= 2", 4096)
     report = run(Move(b, b.queues["DLQ"], to=None, replay=True, selector=sel, limit=2))
     assert report["moved"] == 2
     assert bodies(b.queues["orders"].entries()) == ["m2", "m3"]
@@ -131,8 +131,8 @@ def test_bad_destinations_are_refused(to):
 
 def test_bad_selector():
     with pytest.raises(ValueError, match="bad selector"):
-        compile_filter("i >>> 2")
-    assert compile_filter("  ") is None
+        compile_filter("i >>> 2", 4096)
+    assert compile_filter("  ", 4096) is None
 
 
 def test_waiting_after_lists_ready_and_scheduled_in_sequence_order():

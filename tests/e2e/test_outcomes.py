@@ -133,7 +133,8 @@ def test_modified_undeliverable_here_waits_for_another_consumer(broker):
 # --------------------------------------------------------------------------- rejected
 
 
-def test_rejected_without_dead_letter_address_is_dropped(broker):
+def test_rejected_without_dead_letter_address_is_dropped(broker_factory):
+    broker = broker_factory('[policy]\ndead_letter_address = ""\n')   # dead-lettering turned off
     q = uid("reject-drop")
     with connection(broker) as conn:
         send_bodies(conn, q, ["bad", "good"])

@@ -205,7 +205,7 @@ def test_paged_backlog_reads_bodies_back_in_order(broker_factory):
     b.start()
     got = receive_all(b.url, q, 100)
     assert [m.body.split("-")[0] for m in got] == [f"m{i}" for i in range(100)]
-    b.wait_for_log(r"store recovered 1 queue\(s\), 100 message entries")
+    b.wait_for_log(r"store recovered 2 queue\(s\), 100 message entries")   # and the DLQ
 
 
 def send_unsettled(url, address, bodies, window=500, timeout=60.0) -> int:
@@ -267,7 +267,7 @@ def test_paged_backlog_of_thousands_survives_restart_in_order_exactly_once(broke
     first = receive_all(b.url, q, before)
     b.stop()
     b.start()
-    b.wait_for_log(rf"store recovered 1 queue\(s\), {n - before} message entries \(0 redelivered\)")
+    b.wait_for_log(rf"store recovered 2 queue\(s\), {n - before} message entries \(0 redelivered\)")   # and the DLQ
     rest = receive_all(b.url, q, n - before, timeout=30)
     assert [m.body.split("-")[0] for m in first + rest] == [f"m{i}" for i in range(n)]
     conn = connect(b.url)
@@ -278,7 +278,7 @@ def test_paged_backlog_of_thousands_survives_restart_in_order_exactly_once(broke
         conn.close()
     b.stop()
     b.start()
-    b.wait_for_log(r"store recovered 1 queue\(s\), 0 message entries")
+    b.wait_for_log(r"store recovered 2 queue\(s\), 0 message entries")   # and the DLQ
 
 
 def test_sigkill_with_a_paged_backlog_loses_nothing(broker_factory):

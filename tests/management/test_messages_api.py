@@ -24,6 +24,12 @@ def reject_all(h, queue: str, n: int) -> None:
     q.remove_consumer(c, [], failed=False)
 
 
+def job(h, path: str, *, auth=None, **kw):
+    """POST a move or replay and wait for it to end: (status, the job)."""
+    r = h.request("POST", f"{path}?wait=30", auth=auth, **kw)
+    return r.status_code, (r.json() if r.status_code < 400 else None), r
+
+
 def with_dlq(h, n: int = 3) -> None:
     h.broker.policy = BrokerPolicy(dead_letter_address="DLQ")
     h.broker.declare_queue("DLQ")
@@ -39,7 +45,9 @@ def test_browse_shows_sections_and_changes_nothing(h):
     assert page["depth"] == 3 and len(page["messages"]) == 2
     first = page["messages"][0]
     assert first["state"] == "ready" and first["sequence"] == 1
-    assert first["application_properties"] == {"i": 0}
+    assert first["application_properties"] == {   # the provenance, as JMS reads it too
+        "i": 0, "_AMQPBROKER_DLQ_QUEUE": "orders", "_AMQPBROKER_DLQ_ADDRESS": "orders",
+        "_AMQPBROKER_DLQ_REASON": "rejected", "_AMQPBROKER_DLQ_TIME": int(h.clock() * 1000)}
     assert first["properties"]["subject"] == "s0"
     assert first["message_annotations"]["x-opt-amqpbroker-dlq-queue"] == "orders"
     assert first["message_annotations"]["x-opt-amqpbroker-dlq-reason"] == "rejected"
@@ -56,10 +64,11 @@ def test_browse_shows_sections_and_changes_nothing(h):
 def test_replay_all_back_to_origin(h, caplog):
     with_dlq(h, 3)
     with caplog.at_level(logging.INFO, logger="amqpbroker.admin"):
-        r = h.request("POST", "/api/queues/DLQ/replay", json={})
-    assert r.status_code == 200, r.text
-    assert r.json()["moved"] == 3 and r.json()["destinations"] == {"orders": 3}
-    assert "admin: replay of queue 'DLQ' by (loopback): 3 moved (orders: 3)" in caplog.text
+        status, done, r = job(h, "/api/queues/DLQ/replay", json={})
+    assert status == 200 and done["state"] == "done", r.text
+    assert done["report"]["moved"] == 3 and done["report"]["destinations"] == {"orders": 3}
+    assert done["progress"] == {"examined": 3, "total": 3}
+    assert f"admin: replay of queue 'DLQ' by (loopback) (job {done['id']}): 3 moved (orders: 3)" in caplog.text
     entries = h.broker.queues["orders"].entries()
     assert bodies(entries) == ["m0", "m1", "m2"] and h.broker.queues["DLQ"].depth == 0
     page = h.get("/api/queues/orders/messages")
@@ -68,20 +77,61 @@ def test_replay_all_back_to_origin(h, caplog):
 
 def test_replay_with_a_body_less_post_and_filters(h):
     with_dlq(h, 4)
-    r = h.request("POST", "/api/queues/DLQ/replay", json={"selector": "i >= 1", "limit": 2})
-    assert r.json()["moved"] == 2
+    _, done, _ = job(h, "/api/queues/DLQ/replay", json={"selector": "i >= 1", "limit": 2})
+    assert done["report"]["moved"] == 2
     assert bodies(h.broker.queues["orders"].entries()) == ["m1", "m2"]
-    r = h.request("POST", "/api/queues/DLQ/replay")
-    assert r.status_code == 200 and r.json()["moved"] == 2
+    status, done, _ = job(h, "/api/queues/DLQ/replay")
+    assert status == 200 and done["report"]["moved"] == 2
 
 
 def test_move_between_queues(h):
     h.broker.declare_queue("a")
     h.broker.declare_queue("b")
     h.publish("a", "x", "y")
-    r = h.request("POST", "/api/queues/a/move", json={"to": "b", "limit": 1})
-    assert r.status_code == 200 and r.json()["moved"] == 1
+    status, done, _ = job(h, "/api/queues/a/move", json={"to": "b", "limit": 1})
+    assert status == 200 and done["report"]["moved"] == 1
     assert bodies(h.broker.queues["b"].entries()) == ["x"] and bodies(h.broker.queues["a"].entries()) == ["y"]
+
+
+def test_a_move_is_a_job_that_runs_on_reports_progress_and_can_be_cancelled(h):
+    h.broker.declare_queue("a")
+    h.broker.declare_queue("b")
+    for i in range(2000):
+        h.publish("a", f"m{i}")
+    r = h.request("POST", "/api/queues/a/move", json={"to": "b"})     # no wait: answered at once
+    assert r.status_code == 202 and r.json()["state"] == "running"
+    started = r.json()
+    assert started["href"] == f"/api/jobs/{started['id']}" and started["progress"]["total"] == 2000
+    busy = h.request("POST", "/api/queues/a/move", json={"to": "b"})
+    assert busy.status_code == 409 and started["href"] in error_of(busy)
+    r = h.request("DELETE", started["href"])
+    assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text
+    report = r.json()["report"]
+    assert report["stopped"] == "cancelled by (loopback)" and report["moved"] < 2000
+    a, b = h.broker.queues["a"], h.broker.queues["b"]
+    assert a.depth + b.depth == 2000 and b.depth == report["moved"]
+    assert [j["id"] for j in h.get("/api/jobs")] == [started["id"]]
+    assert h.get(started["href"])["state"] == "cancelled"
+    assert h.request("GET", "/api/jobs/move-999").status_code == 404
+    status, done, _ = job(h, "/api/queues/a/move", json={"to": "b"})    # the rest, to its end
+    assert done["state"] == "done" and a.depth == 0 and b.depth == 2000
+
+
+def test_selectors_have_the_amqp_length_limit_and_a_budget(h):
+    h.broker.declare_queue("a")
+    limit = h.settings.limits.max_selector_length
+    h.publish("a", "m", properties={"v": "a" * 20_000})
+    long = "v = '" + "x" * limit + "'"
+    for r in (h.request("GET", "/api/queues/a/messages", params={"selector": long}),
+              h.request("POST", "/api/queues/a/move", json={"to": "b", "selector": long})):
+        assert r.status_code == 400 and f"longer than {limit} characters (limits.max_selector_length)" in error_of(r)
+    costly = "v LIKE '%a" + "_" * 3000 + "b%'"
+    r = h.request("GET", "/api/queues/a/messages", params={"selector": costly})
+    assert r.status_code == 400 and "over its budget" in error_of(r) and "seq=1" in error_of(r)
+    h.broker.declare_queue("b")
+    status, done, _ = job(h, "/api/queues/a/move", json={"to": "b", "selector": costly})
+    assert done["state"] == "stopped" and "over its budget" in done["report"]["stopped"]
+    assert h.broker.queues["a"].depth == 1
 
 
 def test_bad_input_is_a_clear_4xx_with_a_log_line(h, caplog):
@@ -126,8 +176,8 @@ def test_manage_is_needed_on_source_and_destination():
         assert r.status_code == 403
         r = h.request("POST", "/api/backup", json={"dest": "/tmp/x"}, auth=mgr)
         assert r.status_code == 403
-        r = h.request("POST", "/api/queues/orders.in/move", json={"to": "orders.parked"}, auth=mgr)
-        assert r.status_code == 200 and r.json()["moved"] == 1
+        status, done, _ = job(h, "/api/queues/orders.in/move", json={"to": "orders.parked"}, auth=mgr)
+        assert status == 200 and done["report"]["moved"] == 1
     finally:
         h.close()
 
@@ -141,9 +191,17 @@ def test_replay_skips_origins_the_user_may_not_manage():
             h.broker.declare_queue(name)
             h.publish(name, f"from-{name}")
             reject_all(h, name, 1)
-        r = h.request("POST", "/api/queues/orders.dlq/replay", json={}, auth=("mgr", "mgr-pw"))
-        assert r.status_code == 200
-        assert r.json()["moved"] == 1 and r.json()["skip_reasons"] == {"not allowed to manage invoices": 1}
+        status, done, _ = job(h, "/api/queues/orders.dlq/replay", json={}, auth=("mgr", "mgr-pw"))
+        assert status == 200
+        assert done["report"]["moved"] == 1 and done["report"]["skip_reasons"] == {"not allowed to manage invoices": 1}
         assert bodies(h.broker.queues["orders.dlq"].entries()) == ["from-invoices"]
     finally:
         h.close()
+
+
+def test_metrics_count_dead_letters_dropped(h):
+    with_dlq(h, 2)                  # two in DLQ; what dies there is dropped, not dead-lettered again
+    reject_all(h, "DLQ", 2)
+    text = h.request("GET", "/metrics").text
+    assert "amqpbroker_dead_letters_dropped_total 2.0" in text
+    assert "amqpbroker_selector_budget_exceeded_total" in text

@@ -51,7 +51,7 @@ def test_a_moved_paged_entry_is_not_paged_in_before_its_removal_commits(rig):
     r.broker.declare_queue("dst", durable=True)
     fill(src, 8)
     r.commit()
-    sel = compile_filter("JMSXDeliveryCount >= 1")  # every message
+    sel = compile_filter("JMSXDeliveryCount >= 1", 4096)  # every message
     move = Move(r.broker, src, to="dst", replay=False, selector=sel, limit=4)
     move.step()   # the first four: two ready, two store-only; nothing committed yet
     assert move.report.moved == 4
@@ -69,7 +69,7 @@ def test_move_with_a_selector_leaves_the_others_paged(rig):
     for i in range(10):
         fill(src, 1, start=i, properties={"even": i % 2 == 0})
     r.commit()
-    report = run(Move(r.broker, src, to="dst", replay=False, selector=compile_filter("even = TRUE")), r,
+    report = run(Move(r.broker, src, to="dst", replay=False, selector=compile_filter("even = TRUE", 4096)), r,
                  commit_every=True)
     assert report["moved"] == 5 and report["examined"] == 10
     r.commit()

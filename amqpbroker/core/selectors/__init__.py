@@ -7,6 +7,8 @@ An empty selector means "no selector" and must be handled by the caller; it is r
 here with SelectorError.
 """
 
-from .compiler import Selector, SelectorError, compile_selector
+from .compiler import Selector, SelectorError, Stats, check_length, compile_selector
+from .like import EVALUATION_BUDGET, SelectorBudgetExceeded
 
-__all__ = ["Selector", "SelectorError", "compile_selector"]
+__all__ = ["EVALUATION_BUDGET", "Selector", "SelectorBudgetExceeded", "SelectorError", "Stats", "check_length",
+           "compile_selector"]

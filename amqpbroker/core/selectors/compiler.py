@@ -8,14 +8,20 @@ a message never walks a parse tree.
 from __future__ import annotations
 
 import functools
+import logging
 from pathlib import Path
 from typing import Any, Callable
 
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
+from ..ratelog import RateLimitedLog
 from . import evaluator as ev
 from .evaluator import ANY, BOOL, KIND_NAMES, NULL, NUM, STR, Node
+from .like import SelectorBudgetExceeded, begin_evaluation
+
+log = logging.getLogger("amqpbroker.selectors")
+_budget_log = RateLimitedLog(log)
 
 
 class SelectorError(ValueError):
@@ -25,9 +31,22 @@ class SelectorError(ValueError):
 # Shape limits: the parse tree is checked before it is compiled (the compiler and the
 # closures it builds recurse once per level).  Chains of one operator (a OR b OR c ...)
 # are flattened and count as one level; a selector's length is limited where clients
-# send it (limits.max_selector_length), since parsing costs ~4 µs a character.
+# send it (limits.max_selector_length, `check_length`: the AMQP attach, the management
+# API and with it the CLI), since parsing costs ~4 µs a character.
 MAX_DEPTH = 64
 MAX_TERMS = 5000
+
+
+class Stats:
+    """Evaluations stopped by their budget (core/selectors/like.py), for metrics."""
+    budget_exceeded_total = 0
+
+
+def check_length(text: str, limit: int) -> None:
+    """The one length limit of every place a selector comes in (SelectorError)."""
+    if len(text) > limit:
+        raise SelectorError(f"selector of {len(text):,} characters is longer than {limit} characters "
+                            "(limits.max_selector_length)")
 
 
 class Selector:
@@ -41,7 +60,17 @@ class Selector:
         self._fn = fn
 
     def matches(self, lookup: Callable[[str], object]) -> bool:
-        return self._fn(lookup) is True
+        """True only when the selector evaluates to TRUE.  Raises
+        SelectorBudgetExceeded (a ValueError) when the evaluation would cost more than
+        its budget (like.py): counted, and logged at most once per 10 s."""
+        begin_evaluation()
+        try:
+            return self._fn(lookup) is True
+        except SelectorBudgetExceeded as exc:
+            Stats.budget_exceeded_total += 1
+            _budget_log.log(logging.WARNING, "budget", "selector %r: %s; the message does not match it",
+                            self.text[:80], exc)
+            raise
 
     def __repr__(self) -> str:
         return f"Selector({self.text!r})"

@@ -8,8 +8,9 @@ expressions return ``True`` / ``False`` / ``None``.
 from __future__ import annotations
 
 import operator
-import re
 from typing import Any, Callable
+
+from .like import like_matcher  # noqa: F401 - the compiler takes it from here
 
 Lookup = Callable[[str], Any]
 Fn = Callable[[Lookup], Any]
@@ -293,68 +294,3 @@ def negate_fn(operand: Node, minus: bool) -> Fn:
         return -a if minus else a
     return unary
 
-
-# --- LIKE (§3.8.1.1: _ is one character, % any sequence, optional escape character) -----
-
-def like_matcher(pattern: str, escape: str | None) -> Callable[[str], bool]:
-    """Compile a LIKE pattern. Raises ValueError if it ends with the escape character.
-
-    Each %-separated segment becomes an anchored regex (DOTALL); segments are matched
-    left-most in turn, which is exact for fixed-width segments and never backtracks
-    exponentially the way a single ``.*a.*a.*b`` regex can. Patterns without ``_`` of
-    the shapes 'x', 'x%', '%x', '%x%' use plain string tests.
-    """
-    segments: list[list[str | None]] = [[]]  # characters of each %-free segment; None is _
-    i = 0
-    while i < len(pattern):
-        ch = pattern[i]
-        if ch == escape:
-            i += 1
-            if i == len(pattern):
-                raise ValueError("LIKE pattern ends with the escape character")
-            segments[-1].append(pattern[i])
-        elif ch == "%":
-            segments.append([])
-        else:
-            segments[-1].append(None if ch == "_" else ch)
-        i += 1
-    if all(None not in seg for seg in segments):
-        lits = ["".join(seg) for seg in segments]  # type: ignore[arg-type]
-        if len(lits) == 1:
-            return lits[0].__eq__
-        if len(lits) == 2 and not lits[1]:
-            return lambda s, p=lits[0]: s.startswith(p)
-        if len(lits) == 2 and not lits[0]:
-            return lambda s, p=lits[1]: s.endswith(p)
-        if len(lits) == 3 and not lits[0] and not lits[2]:
-            return lambda s, p=lits[1]: p in s
-
-    def rx(seg: list[str | None]) -> re.Pattern[str]:
-        return re.compile("".join("." if c is None else re.escape(c) for c in seg), re.DOTALL)
-
-    if len(segments) == 1:
-        whole = rx(segments[0])
-        return lambda s: whole.fullmatch(s) is not None
-    head, *middle, tail = segments
-    head_rx = rx(head) if head else None
-    tail_rx = rx(tail) if tail else None
-    mid_rx = [rx(m) for m in middle if m]
-    head_len, tail_len = len(head), len(tail)
-    min_len = sum(len(seg) for seg in segments)
-
-    def match(s: str) -> bool:
-        if len(s) < min_len:
-            return False
-        if head_rx is not None and head_rx.match(s) is None:
-            return False
-        end = len(s) - tail_len
-        if tail_rx is not None and tail_rx.fullmatch(s, end) is None:
-            return False
-        pos = head_len
-        for r in mid_rx:
-            m = r.search(s, pos, end)
-            if m is None:
-                return False
-            pos = m.end()
-        return True
-    return match

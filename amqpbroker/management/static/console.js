@@ -231,8 +231,9 @@ async function moveMessages(verb) {
   } else if (!confirm(`Send the dead-lettered messages of '${messageView.queue}'${messageView.selector ? " matching the selector" : ""} back to their origin?`)) {
     return;
   }
-  const r = await api("POST", messagesPath(verb), payload);
-  document.getElementById("status").textContent = `${verb}: ${moveSummary(r)}`;
+  const job = await api("POST", `${messagesPath(verb)}?wait=30`, payload);   // a job (GET/DELETE job.href)
+  const state = job.state === "running" ? ` (still running: job ${job.id})` : "";
+  document.getElementById("status").textContent = `${verb}: ${moveSummary(job.report)}${state}`;
   await loadMessages();
 }
 
