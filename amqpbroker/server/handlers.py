@@ -205,6 +205,8 @@ class ConnectionHandler:
             self.server.subscriptions.delete(sub)
         for queue in list(self.broker.queues_owned_by(self)):
             self.broker.delete_queue(queue.name)
+        if self.server.cluster is not None:
+            self.server.cluster.connection_ended(self, ending)
         if self.opened:
             self.server.unregister(self)
             log.info("connection closed: %s container=%s (%s)", self.protocol.peer, self.container_id, why)
@@ -259,6 +261,8 @@ class ConnectionHandler:
             self.server.subscriptions.delete(sub)
         for queue in list(self.broker.queues_owned_by(session_key(session))):
             self.broker.delete_queue(queue.name)
+        if self.server.cluster is not None:
+            self.server.cluster.session_ended(self, session)   # its sessions on other nodes end too
         if session.state & session.LOCAL_ACTIVE:
             self.sessions -= 1
             session.close()
@@ -280,6 +284,15 @@ class ConnectionHandler:
         link.max_message_size = self.server.settings.limits.max_message_size
         try:
             self._check_access(link)
+            cluster = self.server.cluster
+            if cluster is not None:
+                # Another node owns the address: the link is forwarded there
+                # (amqpbroker/cluster, through server/ports.py ClusterPort).
+                forwarded = cluster.attach(self, link)
+                if forwarded is not None:
+                    self.links += 1
+                    self.endpoints[link_key(link)] = forwarded
+                    return
             # Then steal (AMQP 1.0 §2.6.1), only from the same user: the previous
             # holder's consumer must be gone before the subscription table looks at
             # consumer counts.
@@ -337,12 +350,12 @@ class ConnectionHandler:
             # Qpid JMS createTemporaryQueue/Topic: a dynamic target names a new node
             # that lives until this link (or the connection) closes.
             if target.has("temporary-topic") or target.has("topic"):
-                name = temp_name("topic")
+                name = temp_name("topic", self.server.cluster)
                 self.broker.declare_temporary(name, self, topic=True)
                 temp_node = ("exchange", name)
                 resolution = Resolution(AddressKind.EXCHANGE, name, "")
             else:
-                name = temp_name("queue")
+                name = temp_name("queue", self.server.cluster)
                 self.broker.declare_temporary(name, self)
                 temp_node = ("queue", name)
                 resolution = Resolution(AddressKind.QUEUE, name)
@@ -386,6 +399,10 @@ class ConnectionHandler:
 
     def _link_detached(self, link: Link, *, closed: bool) -> None:
         endpoint = self.endpoints.pop(link_key(link), None)
+        if getattr(endpoint, "forwarded", False):
+            self.links -= 1
+            endpoint.detached(closed)   # answered once the owning node has answered
+            return
         self.server.forget_link(self, link)
         answer: Condition | None = None
         if endpoint is not None:
@@ -455,6 +472,9 @@ class ConnectionHandler:
         self.protocol.mark_dirty()
 
     def _release(self, endpoint: Any, *, closed: bool, ending: LinkEnding) -> Condition | None:
+        if getattr(endpoint, "forwarded", False):
+            endpoint.released(ending)
+            return None
         temp = getattr(endpoint, "temp_node", None)
         if temp is not None:
             endpoint.temp_node = None
@@ -525,6 +545,8 @@ class ConnectionHandler:
             endpoint.on_flow()
         elif endpoint is not None and endpoint.__class__ is RangeReader:
             endpoint.on_flow()
+        elif getattr(endpoint, "forwarded", False):
+            endpoint.on_flow()
 
     def on_delivery_raw(self, dlv: Any) -> None:
         link = lib.pn_delivery_link(dlv)
@@ -533,6 +555,9 @@ class ConnectionHandler:
             producer = self.settling.get(link) if self.settling else None
             if producer is not None and producer.holds(dlv):
                 return   # settled by drain_settlements when its commit comes, not before
+            cluster = self.server.cluster
+            if cluster is not None and cluster.late_delivery(self, link, dlv):
+                return   # a forwarded link's: passed on to the node that owns it
             self.ended_deliveries.on_delivery(dlv)
         else:
             endpoint.on_delivery(dlv)
@@ -556,7 +581,12 @@ class ConnectionHandler:
                 if denied is not None:
                     self._reject(producer, dlv, UNAUTHORIZED, denied)
                     return
-            target = producer.target or self.broker.resolve_for_relay(msg)
+            target = producer.target
+            if target is None:   # anonymous relay: the message's `to` decides
+                cluster = self.server.cluster
+                if cluster is not None and cluster.relay(self, producer, dlv, msg):
+                    return   # another node owns it; settled with that node's outcome
+                target = self.broker.resolve_for_relay(msg)
             if lib.pn_delivery_remote_state(dlv) == TRANSACTIONAL_STATE:
                 stage_send(self, producer, dlv, msg, target)
                 return

@@ -1,0 +1,115 @@
+"""One node of a cluster: a BrokerServer with its own store, the router that forwards
+what other nodes own (cluster/router.py), and the inter-node listener where the
+other nodes' forwarded links arrive (cluster/listener.py).
+
+`serve --workers N` runs N of these on one machine (cluster/workers.py), with a static
+slot map and Unix sockets between them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..config import Settings
+from ..core.placement import DEFAULT_SLOTS, static_map
+
+log = logging.getLogger("amqpbroker.cluster")
+
+
+@dataclass
+class WorkerSpec:
+    """What the workers of one machine share (written by the supervisor, mode 0600)."""
+    nodes: list[str]
+    weights: dict[str, int]
+    sockets: dict[str, str]     # node → inter-node address (`unix:@name`)
+    secret: str                 # hex
+    port: int                   # the shared AMQP port
+    slots: int = DEFAULT_SLOTS
+
+    @classmethod
+    def read(cls, path: Path) -> "WorkerSpec":
+        return cls(**json.loads(Path(path).read_text()))
+
+    def write(self, path: Path) -> None:
+        path = Path(path)
+        path.touch(mode=0o600)
+        path.chmod(0o600)
+        path.write_text(json.dumps(dataclasses.asdict(self)))
+
+
+def worker_settings(settings: Settings, spec: WorkerSpec, index: int) -> Settings:
+    """A worker's own settings: its data dir (data/node-K), the shared port, and its
+    own management port (the configured one + K; 0 stays 0: each a free one)."""
+    mgmt = settings.management
+    port = mgmt.port + index if mgmt.port else 0
+    return settings.model_copy(update={
+        "data_dir": settings.data_dir / f"node-{index}",
+        "port": spec.port,
+        "management": mgmt.model_copy(update={"port": port}),
+    })
+
+
+async def run_worker(settings: Settings, loop: asyncio.AbstractEventLoop, spec: WorkerSpec, index: int,
+                     config_file: Path | None = None, overrides: dict | None = None) -> int:
+    """Run worker `index` of `spec` until SIGTERM / SIGINT."""
+    import lmdb
+
+    from ..server.app import BrokerServer, install_signal_handlers
+    from ..store.base import StoreError
+    from .listener import start_listener
+    from .router import Router
+    from .shovel import Shovels
+
+    node = spec.nodes[index]
+    settings = worker_settings(settings, spec, index)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    slots = static_map(spec.nodes, spec.weights, spec.slots)
+    secret = bytes.fromhex(spec.secret)
+    try:
+        server = BrokerServer(settings, loop, config_file=config_file, overrides=overrides)
+        server.reuse_port = True
+        server.cluster = Router(server, node, slots, spec.sockets.__getitem__, secret)
+        await server.start()
+        inter, where = await start_listener(server, secret, unix_path=_unix_path(spec.sockets[node]))
+        shovels = Shovels(server, server.cluster)
+        shovels.start()
+        # A port of this node alone (the shared one lands anywhere): for clients and
+        # tests that must reach this node, and for placement redirects.
+        main = server.listeners[0]
+        own = dataclasses.replace(main, name="amqp-node", port=0, server=None)
+        own.server = await loop.create_server(server._protocol_factory(own), main.host, 0, reuse_address=True)
+        own.port = own.server.sockets[0].getsockname()[1]
+        server.listeners.append(own)
+    except (ValueError, OSError, StoreError) as exc:
+        log.error("cannot start node %s: %s", node, exc)
+        return 2
+    except lmdb.Error as exc:
+        log.error("cannot start node %s: store: %s: %s", node, type(exc).__name__, exc)
+        return 2
+    log.info("amqp-node listening on %s:%d (node %s)", own.host, own.port, node)
+    log.info("cluster: node %s of %d, %d of %d slots, inter-node %s", node, len(spec.nodes),
+             len(slots.slots_of(node)), slots.slots, where)
+    from ..cli import tune_gc
+    tune_gc()
+    stopped = asyncio.Event()
+    install_signal_handlers(loop, stopped.set, server.reloader.on_signal)
+    await stopped.wait()
+    log.info("node %s shutting down", node)
+    inter.close()
+    shovels.close()
+    await server.stop()
+    return 0
+
+
+def _unix_path(address: str) -> str:
+    path = address[len("unix:"):]
+    return "\0" + path[1:] if path.startswith("@") else path
+
+
+__all__ = ["WorkerSpec", "run_worker", "worker_settings", "Any"]

@@ -1,0 +1,159 @@
+"""A real cluster for end-to-end tests: `amqpbroker serve --workers N` as a process
+(the supervisor and its N node processes), with the same face as BrokerProcess so
+that a test written for one broker runs unchanged against a cluster.
+
+By default the first node owns no slot (`--worker-weights 0,1,1`): a client on its
+own port (`port`, `url`) reaches a node that owns nothing it uses, so every link is
+forwarded to another node.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from tests.broker_process import follow_log
+
+NODE_RE = re.compile(r"amqp-node listening on ([\d.]+):(\d+) \(node (\S+)\)")
+PID_RE = re.compile(r"\[(n\d+) pid (\d+)\]")
+
+
+class ClusterProcess:
+    def __init__(self, data_dir: Path, workers: int = 3, weights: str | None = "0,1,1",
+                 config: str | None = None, env: dict | None = None):
+        self.data_dir = Path(data_dir)
+        self.workers = workers
+        self.weights = weights
+        self.config_text = config
+        self.extra_env = env or {}
+        self.proc: subprocess.Popen | None = None
+        self.ports: dict[str, int] = {}
+        self.host = "127.0.0.1"
+        self.lines: list[str] = []
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+
+    @property
+    def config_path(self) -> Path:
+        return self.data_dir.parent / f"{self.data_dir.name}-cluster.toml"
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "amqpbroker.cli", "serve", "--port", "0", "--data-dir", str(self.data_dir),
+               "--log-level", "debug", "--workers", str(self.workers)]
+        if self.weights:
+            cmd += ["--worker-weights", self.weights]
+        if self.config_text is not None:
+            self.config_path.write_text(self.config_text)
+            cmd += ["--config", str(self.config_path)]
+        return cmd
+
+    def start(self, timeout: float = 40.0) -> "ClusterProcess":
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, **self.extra_env)
+        env.setdefault("AMQPBROKER_MANAGEMENT__PORT", "0")
+        self.lines, self.ports = [], {}
+        self.proc = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     text=True, env=env, start_new_session=True)
+        threading.Thread(target=follow_log, args=(self, self.proc), daemon=True).start()
+        self.wait_nodes(timeout)
+        return self
+
+    def nodes(self) -> dict[str, int]:
+        """node → its own AMQP port (the latest start of each)."""
+        with self._lock:
+            found = {}
+            for line in self.lines:
+                m = NODE_RE.search(line)
+                if m:
+                    found[m.group(3)] = int(m.group(2))
+            return found
+
+    def wait_nodes(self, timeout: float = 40.0, after: int = 0) -> None:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                up = {m.group(3) for line in self.lines[after:] for m in [NODE_RE.search(line)] if m}
+                if len(up) >= (self.workers if after == 0 else 1):
+                    return
+                if self.proc.poll() is not None:
+                    raise RuntimeError("cluster exited during start-up:\n" + "".join(self.lines[-60:]))
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RuntimeError("cluster did not start in time:\n" + "".join(self.lines[-60:]))
+                self._cond.wait(min(left, 0.2))
+
+    @property
+    def port(self) -> int:
+        """The port of node n0 (owns nothing when weighted 0)."""
+        return self.nodes()["n0"]
+
+    @property
+    def shared_port(self) -> int:
+        return self.ports["amqp"]
+
+    @property
+    def url(self) -> str:
+        return f"amqp://{self.host}:{self.port}"
+
+    def node_url(self, node: str) -> str:
+        return f"amqp://{self.host}:{self.nodes()[node]}"
+
+    def worker_pid(self, node: str) -> int:
+        """The process id of a node (from `ps`: the supervisor's child running --worker K)."""
+        index = node[1:]
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid), "-f", f"--worker {index} "],
+                             capture_output=True, text=True).stdout.split()
+        if not out:
+            raise RuntimeError(f"no process for node {node}")
+        return int(out[0])
+
+    def kill_node(self, node: str) -> None:
+        """kill -9 of one node; the supervisor starts it again on its data dir."""
+        os.kill(self.worker_pid(node), signal.SIGKILL)
+
+    def log_text(self) -> str:
+        with self._lock:
+            return "".join(self.lines)
+
+    def wait_for_log(self, pattern: str, timeout: float = 10.0, after: int = 0) -> str:
+        rx = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for line in self.lines[after:]:
+                    if rx.search(line):
+                        return line
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"no log line matching {pattern!r}:\n" + "".join(self.lines[-40:]))
+                self._cond.wait(left)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            return self.proc.wait()
+
+
+def broker_or_cluster(kind: str, tmp_path_factory, config: str | None = None, name: str = "broker"):
+    """A module fixture's body: one broker, or a cluster reached through a node that
+    owns nothing (the JMS wire tests run against both)."""
+    from tests.broker_process import BrokerProcess
+    base = tmp_path_factory.mktemp(f"{name}-{kind}")
+    proc = (ClusterProcess(base / "data", config=config) if kind == "cluster"
+            else BrokerProcess(base / "data", config=config))
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
