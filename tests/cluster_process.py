@@ -107,7 +107,7 @@ class ClusterProcess:
     def worker_pid(self, node: str) -> int:
         """The process id of a node (from `ps`: the supervisor's child running --worker K)."""
         index = node[1:]
-        out = subprocess.run(["pgrep", "-P", str(self.proc.pid), "-f", f"--worker {index} "],
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid), "-f", "--", f"--worker {index} "],
                              capture_output=True, text=True).stdout.split()
         if not out:
             raise RuntimeError(f"no process for node {node}")
