@@ -157,3 +157,19 @@ def broker_or_cluster(kind: str, tmp_path_factory, config: str | None = None, na
         yield proc
     finally:
         proc.stop()
+
+
+def colocated(broker, name: str, prefix: str) -> str:
+    """A fresh queue name held by the same node as queue `name` (a transaction may use
+    one node's addresses only, docs/cluster.md); on one broker, any fresh name."""
+    import uuid
+    if not isinstance(broker, ClusterProcess):
+        return f"{prefix}-{uuid.uuid4().hex[:8]}"
+    from amqpbroker.core.placement import slot_of, static_map
+    weights = dict(zip([f"n{i}" for i in range(broker.workers)],
+                       [int(w) for w in (broker.weights or ",".join("1" * broker.workers)).split(",")]))
+    owners = static_map(list(weights), weights).owners
+    while True:
+        other = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        if owners[slot_of(other)] == owners[slot_of(name)]:
+            return other

@@ -22,7 +22,6 @@ through server/ports.py (`BrokerServer.cluster`).
 from __future__ import annotations
 
 import logging
-import struct
 from typing import Any
 
 from cproton import ffi, lib
@@ -32,69 +31,11 @@ from ..core.placement import UNAVAILABLE
 from ..core.settlement import LinkEnding
 from ..server.handlers import detach_with_condition
 from ..server.links import LATE_OUTCOME_WINDOW, link_credit
+from .deliveries import MODIFIED, REJECTED, RELEASED, Tags, copy_outcome, is_null
+from .sends import OrderedSender, Outgoing, owner_state, write_state
+from .txn import TRANSACTIONAL_STATE, set_txn_state, txn_state_data
 
 log = logging.getLogger("amqpbroker.cluster")
-
-ACCEPTED = lib.PN_ACCEPTED
-REJECTED = lib.PN_REJECTED
-RELEASED = lib.PN_RELEASED
-MODIFIED = lib.PN_MODIFIED
-_OUTCOMES = (ACCEPTED, REJECTED, RELEASED, MODIFIED)
-_pack_tag = struct.Struct(">Q").pack_into
-
-
-class Tags:
-    """Delivery tags from a counter, written into one buffer (pn_delivery copies it)."""
-
-    __slots__ = ("n", "buf", "tag")
-
-    def __init__(self) -> None:
-        self.n = 0
-        self.buf = bytearray(8)
-        self.tag = ffi.new("pn_delivery_tag_t*", (8, ffi.from_buffer(self.buf)))
-
-    def next(self) -> Any:
-        self.n += 1
-        _pack_tag(self.buf, 0, self.n)
-        return self.tag[0]
-
-
-def copy_outcome(src: Any, dst: Any) -> int:
-    """Give delivery `dst` the state its peer set on `src` (raw pn_delivery_t*s):
-    the outcome with its fields (rejected's error, modified's flags and annotations,
-    a non-terminal state's data such as transactional-state).  Returns the state."""
-    state = lib.pn_delivery_remote_state(src)
-    if state == 0:
-        return 0
-    if state != ACCEPTED:
-        remote = lib.pn_delivery_remote(src)
-        local = lib.pn_delivery_local(dst)
-        if state == MODIFIED:
-            lib.pn_disposition_set_failed(local, lib.pn_disposition_is_failed(remote))
-            lib.pn_disposition_set_undeliverable(local, lib.pn_disposition_is_undeliverable(remote))
-            lib.pn_data_copy(lib.pn_disposition_annotations(local), lib.pn_disposition_annotations(remote))
-        elif state == REJECTED:
-            _copy_condition(lib.pn_disposition_condition(remote), lib.pn_disposition_condition(local))
-        elif state not in _OUTCOMES:
-            lib.pn_data_copy(lib.pn_disposition_data(local), lib.pn_disposition_data(remote))
-    lib.pn_delivery_update(dst, state)
-    return state
-
-
-def _copy_condition(src: Any, dst: Any) -> None:
-    if not lib.pn_condition_is_set(src):
-        return
-    lib.pn_condition_set_name(dst, lib.pn_condition_get_name(src))
-    desc = lib.pn_condition_get_description(src)
-    if desc != ffi.NULL:
-        lib.pn_condition_set_description(dst, desc)
-    lib.pn_data_copy(lib.pn_condition_info(dst), lib.pn_condition_info(src))
-
-
-def is_null(terminus: Terminus) -> bool:
-    """A null terminus in an attach reply: the refusal shape (AMQP 1.0 §2.6.3)."""
-    return terminus.type == Terminus.UNSPECIFIED
-
 
 class ForwardedLink:
     """The common part of a forwarded consumer and producer: attach and detach."""
@@ -419,7 +360,36 @@ class ForwardedConsumer(ForwardedLink):
         if mdlv is None:
             lib.pn_delivery_settle(cdlv)
             return
+        if lib.pn_delivery_remote_state(cdlv) == TRANSACTIONAL_STATE:
+            self._transactional_ack(cdlv, mdlv, settled)
+            return
         self._pass_outcome(cdlv, mdlv, settled)
+
+    def _transactional_ack(self, cdlv: Any, mdlv: Any, settled: bool) -> None:
+        """An acknowledgement inside a transaction (cluster/txn.py): passed on under
+        the owner's txn-id; one that would span nodes gives the message back there
+        (as the rollback that follows would)."""
+        data = txn_state_data(cdlv)
+        txn_id = bytes(data[0]) if data and isinstance(data[0], (bytes, bytearray, memoryview)) else b""
+        outcome = data[1] if len(data) > 1 else None
+        peer = self.peer
+
+        def then(xid: bytes | None, error: tuple[str, str] | None) -> None:
+            if peer.closed:
+                return
+            if xid is None:
+                lib.pn_disposition_set_failed(lib.pn_delivery_local(mdlv), True)
+                lib.pn_delivery_update(mdlv, MODIFIED)
+            else:
+                set_txn_state(mdlv, xid, outcome)
+            if settled:
+                lib.pn_delivery_settle(mdlv)
+            peer.mark_dirty()
+
+        if settled:
+            lib.pn_delivery_settle(cdlv)
+        self.handler.server.cluster.txns.route(self.handler, txn_id, peer.node,
+                                               self.link.remote_source.address or "", then)
 
     def _pass_outcome(self, cdlv: Any, mdlv: Any, settled: bool) -> None:
         if self.peer.closed:
@@ -485,27 +455,33 @@ class ForwardedConsumer(ForwardedLink):
         self.unsettled = {}
 
 
-class ForwardedProducer(ForwardedLink):
+class ForwardedProducer(ForwardedLink, OrderedSender):
     """The client sends: we send to the owner and settle with its outcome."""
 
     consumer = False
 
     def __init__(self, *args: Any, **kw: Any):
         super().__init__(*args, **kw)
-        self.pending: dict[Any, Any] = {}   # owner's pn_delivery_t* → client's (awaiting the outcome)
-        self.waiting: list[tuple[Any, bytearray]] = []   # client transfers beyond the owner's credit
+        self.init_sends()
+        self.address = self.link.remote_target.address or ""
 
     def opened(self) -> None:
         self.on_peer_flow()
+
+    def busy(self) -> bool:
+        return bool(self.sent)
+
+    def can_send(self) -> bool:
+        return self.state == "open" and lib.pn_link_credit(self.mimpl) > 0
 
     # --- credit: the owner's, passed on
 
     def on_peer_flow(self) -> None:
         if self.client_gone or self.state != "open":
             return
-        if self.waiting:
-            self._send_waiting()
-        want = link_credit(self.mimpl) - len(self.waiting)
+        if self.queue:
+            self.send_queued()
+        want = link_credit(self.mimpl) - len(self.queue)
         have = lib.pn_link_credit(self.impl)
         if want > have:
             lib.pn_link_flow(self.impl, want - have)
@@ -529,36 +505,11 @@ class ForwardedProducer(ForwardedLink):
         if self.peer.closed or self.state != "open":
             self._reject(cdlv, UNAVAILABLE, f"node {self.peer.node} is not available")
             return
-        if self.waiting or link_credit(self.mimpl) <= 0:
-            self.waiting.append((cdlv, buf))
-            return
-        self._send(cdlv, buf)
-
-    def _send(self, cdlv: Any, buf: bytearray) -> None:
-        m = self.mimpl
-        mdlv = lib.pn_delivery(m, self.tags.next())
-        if lib.pn_delivery_remote_state(cdlv):   # transactional-state on the transfer
-            copy_outcome(cdlv, mdlv)
-        lib.pn_link_send(m, ffi.from_buffer(buf), len(buf))
-        lib.pn_link_advance(m)
-        if lib.pn_delivery_settled(cdlv):   # pre-settled by the client: nothing to answer
-            lib.pn_delivery_settle(mdlv)
-            lib.pn_delivery_settle(cdlv)
-        else:
-            self.pending[mdlv] = cdlv
-        self.peer.mark_dirty()
-
-    def _send_waiting(self) -> None:
-        while self.waiting and link_credit(self.mimpl) > 0:
-            self._send(*self.waiting.pop(0))
+        self.pass_on(Outgoing(cdlv, buf), self.address)
 
     def _reject(self, cdlv: Any, condition: str, description: str) -> None:
         if not lib.pn_delivery_settled(cdlv):
-            local = lib.pn_delivery_local(cdlv)
-            cond = lib.pn_disposition_condition(local)
-            lib.pn_condition_set_name(cond, condition.encode())
-            lib.pn_condition_set_description(cond, description.encode())
-            lib.pn_delivery_update(cdlv, REJECTED)
+            write_state(cdlv, REJECTED, None, Condition(condition, description))
         lib.pn_delivery_settle(cdlv)
         self.protocol.mark_dirty()
 
@@ -572,39 +523,39 @@ class ForwardedProducer(ForwardedLink):
         self.link.close()
         self.detached(True)
 
-    # --- outcomes owner → client
+    # --- outcomes owner → client (sends.py OrderedSender)
 
     def on_peer_delivery(self, mdlv: Any) -> None:
-        settled = lib.pn_delivery_settled(mdlv)
-        if not (settled or lib.pn_delivery_updated(mdlv)):
-            return
-        cdlv = self.pending.pop(mdlv, None) if settled else self.pending.get(mdlv)
-        if cdlv is None or self.client_gone:
-            if settled:
-                lib.pn_delivery_settle(mdlv)
-            return
-        copy_outcome(mdlv, cdlv)
-        if settled:
-            lib.pn_delivery_settle(cdlv)
-            lib.pn_delivery_settle(mdlv)
-        self.protocol.mark_dirty()
-        if not self.pending and self.state == "done":
+        self.outcome(mdlv)
+        if not self.sent and self.state == "done":
             self._finish()   # the last outcome after the detach went out
+
+    def answer(self, item: Outgoing, mdlv: Any, settled: bool) -> None:
+        if self.client_gone:
+            return
+        if lib.pn_delivery_remote_state(mdlv) == TRANSACTIONAL_STATE:
+            write_state(item.cdlv, *owner_state(item, mdlv))
+        else:
+            copy_outcome(mdlv, item.cdlv)
+        if settled:
+            lib.pn_delivery_settle(item.cdlv)
+        self.protocol.mark_dirty()
+
+    def refuse(self, item: Outgoing, condition: str, description: str) -> None:
+        if not self.client_gone:
+            self._reject(item.cdlv, condition, description)
+
+    def presettled(self, item: Outgoing) -> None:
+        lib.pn_delivery_settle(item.cdlv)
 
     # --- ending
 
-    def busy(self) -> bool:
-        return bool(self.pending)
-
     def released(self, ending: LinkEnding) -> None:
-        self.pending = {}
-        self.waiting = []
+        self.sent = {}
+        self.queue.clear()
         super().released(ending)
 
     def peer_gone(self) -> None:
         # Sent to the owner, never answered: the client's sends fail; it may resend
         # (at-least-once: the owner may have stored some).
-        for cdlv in list(self.pending.values()) + [c for c, _ in self.waiting]:
-            self._reject(cdlv, UNAVAILABLE, f"node {self.peer.node} went away before answering")
-        self.pending = {}
-        self.waiting = []
+        self.fail_all(UNAVAILABLE, f"node {self.peer.node} went away before answering")

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from proton import Condition, Link, Terminus
 
-from .forward import is_null
+from .deliveries import is_null
 
 log = logging.getLogger("amqpbroker.cluster")
 

@@ -260,8 +260,9 @@ class PeerConnection(asyncio.Protocol):
 
     def _opened(self) -> None:
         props = self.connection.remote_properties or {}
-        if props.get(ESTABLISHMENT_FAILED):
-            self.refused = self.connection.remote_condition   # read at the close that follows
+        if props.get(ESTABLISHMENT_FAILED):   # refused (a client-id claim): the close follows
+            self.refused = self.connection.remote_condition or Condition("amqp:invalid-field",
+                                                                         "container-id already connected")
         self.remote_open = True
         waiters, self.open_waiters = self.open_waiters, []
         for waiter in waiters:

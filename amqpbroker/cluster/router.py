@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+
+from cproton import lib
+from proton import Condition
 from typing import Any, Callable, Iterator
 
 from ..core.placement import (
@@ -20,8 +23,13 @@ from ..core.placement import (
     Refuse,
     Scatter,
     SlotMap,
+    UNAVAILABLE,
+    client_home,
     place_link,
+    place_message,
 )
+from ..config import ClientIdPolicy
+from ..core.message import JMS_DEST, MESSAGE_ANNOTATIONS
 from ..core.settlement import LinkEnding
 from ..core.subscriptions import SubscriptionKey, identity
 from ..core.terms import CAP_TOPIC, ExpiryPolicy
@@ -30,6 +38,8 @@ from ..server.refusal import AttachRefused
 from ..server.terminus import read_source, read_target
 from .forward import ForwardedConsumer, ForwardedLink, ForwardedProducer
 from .guard import LOCKED, SubscriptionGuard
+from .relay import RelayLink
+from .txn import TxnRoutes
 from .peer import PeerConnection
 
 log = logging.getLogger("amqpbroker.cluster")
@@ -66,23 +76,53 @@ class ClientSide:
         self.handler = handler
         self.peers: dict[str, PeerConnection] = {}
         self.late: dict[Any, ForwardedConsumer] = {}   # client pn_link_t* → link
+        self.relays: dict[tuple[Any, str], RelayLink] = {}   # (client pn_session_t*, node) → link
+        self.claim: PeerConnection | None = None   # the connection that holds the client-id
 
-    def peer(self, node: str) -> PeerConnection:
+    def peer(self, node: str, claim: bool = False) -> PeerConnection:
+        """The client's connection to `node` (made on first use).  `claim`: it also
+        holds the client-id there (it desires sole-connection-for-container, so the
+        node refuses it if that container-id is connected there already)."""
         peer = self.peers.get(node)
         if peer is None or peer.closed:
             h = self.handler
             desired = [c for c in symbols(h.conn.remote_desired_capabilities) if c != SOLE_CONNECTION]
             peer = PeerConnection(self.router.server, node, self.router.address_of(node), self.router.secret,
                                   container_id=h.container_id, user=h.protocol.user,
-                                  desired_capabilities=desired, on_lost=self._lost)
+                                  desired_capabilities=desired + [SOLE_CONNECTION] * claim, on_lost=self._lost)
             self.peers[node] = peer
+            if claim:
+                self.claim = peer
         return peer
 
     def _lost(self, peer: PeerConnection) -> None:
         if self.peers.get(peer.node) is peer:
             del self.peers[peer.node]
+        if peer is self.claim and peer.remote_open and peer.refused is None and self.handler.opened:
+            # Its client-id is no longer held: another connection could take it now.
+            h = self.handler
+            log.warning("connection %s (container %s) closed: the client-id's claim on node %s ended",
+                        h.protocol.peer, h.container_id, peer.node)
+            if not h.ended and not (h.conn.state & h.conn.LOCAL_CLOSED):
+                h.conn.condition = Condition("amqp:connection:forced",
+                                             f"client-id '{h.container_id}' is no longer held by node {peer.node}")
+                h.conn.close()
+                h.protocol.mark_dirty()
+
+    def relay(self, client_session: Any, node: str) -> RelayLink:
+        link = self.relays.get((client_session, node))
+        if link is None:
+            link = self.relays[(client_session, node)] = RelayLink(self, self.handler, client_session,
+                                                                   self.peer(node))
+        return link
+
+    def relay_gone(self, link: RelayLink) -> None:
+        if self.relays.get((link.client_session, link.peer.node)) is link:
+            del self.relays[(link.client_session, link.peer.node)]
 
     def end_session(self, client_session: Any) -> None:
+        for key in [k for k in self.relays if k[0] == client_session]:
+            del self.relays[key]
         for peer in self.peers.values():
             peer.end_session(client_session)
 
@@ -105,6 +145,7 @@ class Router:
         self.secret = secret
         self.exchanges = ExchangeTypes(server.broker)
         self.sides: dict[Any, ClientSide] = {}
+        self.txns = TxnRoutes(self)
         self.forwarded_total = 0
 
     def side(self, handler: Any) -> ClientSide:
@@ -218,6 +259,40 @@ class Router:
             return None   # refused here: not-found
         return self._forward(handler, link, list(placed.nodes))
 
+    # ------------------------------------------------------------------ client-ids
+
+    def claims(self, handler: Any) -> bool:
+        """Whether this client's open needs another node's grant of its client-id:
+        it desires sole-connection-for-container on a `restricted` listener, and its
+        client-id's home (core/placement.client_home) is another node."""
+        if self.from_node(handler) or handler.protocol.listener.client_id_policy is not ClientIdPolicy.RESTRICTED:
+            return False
+        if SOLE_CONNECTION not in symbols(handler.conn.remote_desired_capabilities):
+            return False
+        return client_home(handler.container_id, self.slots) != self.node
+
+    def claim(self, handler: Any, done: Callable[[tuple[str, str, bool] | None], None]) -> None:
+        """Hold the client-id at its home node, then `done(None)`, or `done(refusal)`
+        in BrokerServer.admit's shape (a clash: the Qpid JMS InvalidClientIDException)."""
+        home = client_home(handler.container_id, self.slots)
+        cid = handler.container_id
+        if not self.slots.available(home):
+            done((UNAVAILABLE, f"node {home}, which grants client-id '{cid}', is not available", False))
+            return
+
+        def answered(peer: PeerConnection) -> None:
+            if peer.refused is not None or not peer.remote_open:
+                self.sides.pop(handler, None)
+                peer.close()
+            if peer.refused is not None:
+                done(("amqp:invalid-field", f"container-id '{cid}' is already connected", True))
+            elif not peer.remote_open:
+                done((UNAVAILABLE, f"node {home}, which grants client-id '{cid}', is not available", False))
+            else:
+                done(None)
+
+        self.side(handler).peer(home, claim=True).open_waiters.append(answered)
+
     def late_delivery(self, handler: Any, link: Any, dlv: Any) -> bool:
         side = self.sides.get(handler)
         fwd = side.late.get(link) if side is not None else None
@@ -227,7 +302,31 @@ class Router:
         return True
 
     def relay(self, handler: Any, producer: Any, dlv: Any, msg: Any) -> bool:
+        """An anonymous-relay message (cluster/relay.py): False when this node owns
+        its `to` (or nobody can: the node refuses it as alone)."""
+        if self.from_node(handler):
+            return False
+        to = msg.prop("to")
+        dest = msg.annotations.get(JMS_DEST) if msg.has_section(MESSAGE_ANNOTATIONS) else None
+        placed = place_message(str(to) if to else None, dest in (1, 3), self.node, self.slots, self.exchanges)
+        if isinstance(placed, Forward):
+            side = self.side(handler)
+            side.relay(lib.pn_link_session(producer.impl), placed.node).send(producer, dlv, msg.raw, str(to))
+            return True
+        if isinstance(placed, (Refuse, Partitioned)):
+            cond = (Condition(placed.condition, placed.description) if isinstance(placed, Refuse)
+                    else Condition(NOT_IMPLEMENTED, f"partitioned destination '{placed.address}'"))
+            log.warning("connection %s: message for '%s' rejected: %s: %s", handler.protocol.peer, to,
+                        cond.name, cond.description)
+            if lib.pn_delivery_settled(dlv):
+                lib.pn_delivery_settle(dlv)
+            else:
+                producer.settle_in_order(dlv, lib.PN_REJECTED, cond)
+            return True
         return False
+
+    def discharge(self, coordinator: Any, dlv: Any, txn_id: Any, fail: bool) -> bool:
+        return self.txns.discharge(coordinator, dlv, txn_id, fail)
 
     def session_ended(self, handler: Any, session: Any) -> None:
         side = self.sides.get(handler)
@@ -235,6 +334,7 @@ class Router:
             side.end_session(session._impl)
 
     def connection_ended(self, handler: Any, ending: LinkEnding) -> None:
+        self.txns.connection_ended(handler)
         side = self.sides.pop(handler, None)
         if side is not None:
             side.close(lost=ending is LinkEnding.CONNECTION_LOST)

@@ -26,7 +26,7 @@ from proton import Condition
 from ..core.addresses import TEMP_PREFIX
 from ..core.placement import Forward, SlotMap, owning_key, slot_of
 from ..core.queues import Outcome
-from .forward import Tags, is_null
+from .deliveries import Tags, is_null
 from .peer import PeerConnection
 
 log = logging.getLogger("amqpbroker.cluster")

@@ -28,6 +28,7 @@ row in tests/core/test_placement.py):
 | temporary address `amqpbroker.temp-queue.<node>.` | the node named in it               |
 | transaction coordinator, `$amqpbroker.` controls  | the node the client is on          |
 | a partitioned address                             | its members (`partitioned`)        |
+| a connection's client-id (sole-connection-...)    | `$client-id/<container-id>`        |
 
 A subscription is placed by its topic and not by its key (client-id + name) because
 the subscription queue must see every message routed through the topic, and the
@@ -200,6 +201,12 @@ def _exchange_target(exchange: str, key: str | None, kind: str, pinned: frozense
         return Target(exchange, exchange, None)
     wildcard = kind == TOPIC and any(w in ("*", "#") for w in key.split("."))
     return Target(f"{exchange}/{key}", exchange, key, wildcard)
+
+
+def client_home(container_id: str, slots: SlotMap) -> str:
+    """The node that grants a client-id (JMS clientID, the AMQP container-id) to one
+    connection at a time across the cluster (`sole-connection-for-container`)."""
+    return slots.owner(f"$client-id/{container_id}")
 
 
 def temp_address(kind: str, node: str, unique: str) -> str:

@@ -115,6 +115,23 @@ class ConnectionHandler:
         conn.offered_capabilities = OFFERED_CAPABILITIES
         conn.properties = {symbol("product"): PRODUCT, symbol("version"): __version__}
         refusal = self.server.admit(self)
+        cluster = self.server.cluster
+        if refusal is None and cluster is not None and cluster.claims(self):
+            # Another node grants this client-id (sole-connection-for-container across
+            # the cluster): answered once it has; the frames after the open wait.
+            self.protocol.pause_events()
+            cluster.claim(self, self._claimed)
+            return
+        self._answer_open(refusal)
+
+    def _claimed(self, refusal: tuple[str, str, bool] | None) -> None:
+        if self.ended or self.protocol.closed:
+            return
+        self._answer_open(refusal)
+        self.protocol.resume_events()
+
+    def _answer_open(self, refusal: tuple[str, str, bool] | None) -> None:
+        conn = self.conn
         if refusal is not None:
             condition, description, clash = refusal
             if clash:

@@ -44,14 +44,29 @@ class ClusterPort(Protocol):
         handler goes on as alone), else the forwarded endpoint.  Raises
         server.refusal.AttachRefused when it can go nowhere (owner away)."""
 
+    def claims(self, handler: Any) -> bool:
+        """Whether the client's open (admitted here) needs another node's grant of
+        its client-id (sole-connection-for-container across the cluster)."""
+
+    def claim(self, handler: Any, done: Any) -> None:
+        """Ask for that grant; `done(None)` or `done((condition, description, clash))`,
+        BrokerServer.admit's refusal shape."""
+
     def late_delivery(self, handler: Any, link: Any, dlv: Any) -> bool:
         """A disposition for a delivery of a link that is no longer an endpoint:
         True when it belonged to a forwarded link (and was passed on)."""
 
     def relay(self, handler: Any, producer: Any, dlv: Any, msg: Any) -> bool:
         """A message of an anonymous-relay producer: True when another node owns its
-        `to` and the message went there (the client's delivery is settled with that
-        node's outcome); False: route it here."""
+        `to` and the message went there; False: route it here.  The client's delivery
+        keeps its place in the producer's settlement order: a slot from
+        `producer.settle_in_order(dlv, None, ready=False)`, filled and made ready when
+        that node answers, then `producer.drain_settlements()` (as a store commit does)."""
+
+    def discharge(self, coordinator: Any, dlv: Any, txn_id: Any, fail: bool) -> bool:
+        """A Discharge on this node's coordinator: True when the transaction did its
+        work on another node and is discharged there (the answer takes its place in
+        `coordinator.settle_in_order`); False: discharge it here as alone."""
 
     def session_ended(self, handler: Any, session: Any) -> None:
         """A client session ended: its sessions on other nodes end too (session-end

@@ -12,6 +12,7 @@ from amqpbroker.core.placement import (
     UNAVAILABLE,
     Forward,
     LinkShape,
+    client_home,
     Partitioned,
     Refuse,
     Scatter,
@@ -278,3 +279,11 @@ def test_message_row_without_to_stays_here_to_be_rejected(slots):
 def test_message_row_to_a_temporary_queue_of_another_node(slots):
     addr = temp_address("queue", "n1", "f00")
     assert place_message(addr, False, "n0", slots, EXCHANGES) == Forward("n1", addr)
+
+
+def test_row_client_id_has_one_home_node_on_every_node(slots):
+    homes = {client_home(f"app-{i}", slots) for i in range(200)}
+    assert homes == set(NODES)   # spread over the nodes
+    assert client_home("app-7", slots) == client_home("app-7", static_map(NODES))   # the same everywhere
+    edge = static_map(NODES, {"n0": 0})
+    assert {client_home(f"app-{i}", edge) for i in range(200)} == {"n1", "n2"}

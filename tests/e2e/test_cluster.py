@@ -302,3 +302,212 @@ def test_kill_of_a_node_that_owns_nothing_loses_nothing_accepted(own_cluster):
         conn.close()
     missing = set(accepted) - set(got)
     assert not missing, f"{len(missing)} accepted messages lost"
+
+
+# ------------------------------------------------------------------ per message: the anonymous relay
+
+
+def test_anonymous_relay_sends_each_message_to_the_owner_of_its_to_in_order(cluster):
+    q1, q2 = owned_by("n1"), owned_by("n2")
+    conn = connect(cluster.url)
+    try:
+        relay = conn.create_sender(None, name=uid("relay"))
+        for i in range(20):
+            relay.send(Message(address=q1 if i % 2 else q2, body=i, durable=True))   # each Accepted
+        got = {}
+        for q in (q1, q2):
+            rcv = receiver(conn, q, credit=20)
+            got[q] = drain_bodies(conn, rcv)
+    finally:
+        conn.close()
+    assert got[q1] == list(range(1, 20, 2)) and got[q2] == list(range(0, 20, 2))
+
+
+def test_relay_outcomes_keep_the_producers_order_across_owners(cluster):
+    """Unsettled sends to two owners and one refused: the dispositions come back in
+    the order the messages went (Qpid JMS completes async sends in that order)."""
+    q1, q2 = owned_by("n1"), owned_by("n2")
+    client = RawClient("127.0.0.1", cluster.port, container_id=uid("async")).wait_open()
+    try:
+        ssn = client.session()
+        snd = client.sender(ssn, None, uid("relay"))
+        client.wait(lambda: snd.credit > 0, what="credit")
+        order = []
+        targets = [q1, q2, "amqpbroker.temp-queue.n7.00", q1, q2]
+        dlvs = []
+        for i, to in enumerate(targets):
+            dlv = snd.delivery(f"d{i}")
+            snd.stream(Message(address=to, body=i).encode())
+            snd.advance()
+            dlvs.append(dlv)
+
+        def settled_in_order() -> bool:
+            for i, d in enumerate(dlvs):
+                if d.remote_state and i not in order:
+                    order.append(i)
+            return len(order) == len(dlvs)
+
+        client.wait(settled_in_order, what="every outcome")
+        assert order == [0, 1, 2, 3, 4]
+        states = [d.remote_state for d in dlvs]
+        assert states == [Delivery.ACCEPTED, Delivery.ACCEPTED, Delivery.REJECTED, Delivery.ACCEPTED,
+                          Delivery.ACCEPTED]
+        assert dlvs[2].remote.condition.name == "amqpbroker:resource-unavailable"
+    finally:
+        client.close()
+
+
+def test_no_local_holds_across_nodes(cluster):
+    """The publisher's container-id reaches the topic's node with its messages (its
+    connection there carries it), wherever the publisher is connected."""
+    topic = owned_by("n2", "t", topic=True)
+    nodes = cluster.nodes()
+    cid = uid("app")
+    sub_conn = connect(f"amqp://127.0.0.1:{nodes['n0']}", container_id=cid)
+    other = connect(f"amqp://127.0.0.1:{nodes['n1']}")
+    try:
+        from tests.e2e.jms_links import topic_consumer
+        rcv = topic_consumer(sub_conn, topic, no_local=True)
+        sub_conn.create_sender(f"amq.topic/{topic}", name=uid("own")).send(Message(body="mine"))
+        other.create_sender(f"amq.topic/{topic}", name=uid("other")).send(Message(body="theirs"))
+        assert take_all(rcv, timeout=1.0) == ["theirs"]
+    finally:
+        sub_conn.close()
+        other.close()
+
+
+# ------------------------------------------------------------------ transactions
+
+
+def txn_client(port: int):
+    from tests.e2e.jms_txn import TxnSession
+    client = RawClient("127.0.0.1", port, container_id=uid("txn")).wait_open()
+    return client, TxnSession(client)
+
+
+def test_a_transaction_on_one_other_node_commits_there(cluster):
+    q = owned_by("n2")
+    client, s = txn_client(cluster.port)
+    try:
+        snd = s.sender(q)
+        txn = s.declare()
+        assert all(s.send(snd, i, txn).remote_state == 0x34 for i in range(3))
+        assert s.discharge(txn).remote_state == Delivery.ACCEPTED
+    finally:
+        client.close()
+    conn = connect(cluster.url)
+    try:
+        assert drain_bodies(conn, receiver(conn, q, credit=10)) == [0, 1, 2]
+    finally:
+        conn.close()
+
+
+def test_a_transaction_spanning_two_nodes_is_refused_naming_both_addresses(cluster):
+    q1, q2 = owned_by("n1"), owned_by("n2")
+    client, s = txn_client(cluster.port)
+    try:
+        a, b = s.sender(q1), s.sender(q2)
+        txn = s.declare()
+        assert s.send(a, "one", txn).remote_state == 0x34
+        spanning = s.send(b, "two", txn)
+        assert spanning.remote_state == Delivery.REJECTED
+        cond = spanning.remote.condition
+        assert cond.name == "amqp:transaction:rollback" and q1 in cond.description and q2 in cond.description
+        outcome = s.discharge(txn)
+        assert outcome.remote_state == Delivery.REJECTED
+        assert outcome.remote.condition.name == "amqp:transaction:rollback"
+        assert q1 in outcome.remote.condition.description and q2 in outcome.remote.condition.description
+        # The session goes on: the next transaction may use either node.
+        txn2 = s.declare()
+        assert s.send(b, "three", txn2).remote_state == 0x34
+        assert s.discharge(txn2).remote_state == Delivery.ACCEPTED
+    finally:
+        client.close()
+    conn = connect(cluster.url)
+    try:
+        assert drain_bodies(conn, receiver(conn, q1, credit=10)) == [], "the refused transaction left nothing"
+        assert drain_bodies(conn, receiver(conn, q2, credit=10)) == ["three"]
+    finally:
+        conn.close()
+
+
+def test_a_transaction_with_work_here_and_on_another_node_is_refused_at_commit(cluster):
+    here, there = owned_by("n1"), owned_by("n2")
+    client, s = txn_client(cluster.nodes()["n1"])   # connected to n1: `here` is local
+    try:
+        a, b = s.sender(there), s.sender(here)
+        txn = s.declare()
+        assert s.send(a, "remote", txn).remote_state == 0x34
+        assert s.send(b, "local", txn).remote_state == 0x34   # staged here, before anyone can tell
+        outcome = s.discharge(txn)
+        assert outcome.remote_state == Delivery.REJECTED
+        desc = outcome.remote.condition.description
+        assert here in desc and there in desc
+    finally:
+        client.close()
+    conn = connect(cluster.url)
+    try:
+        for q in (here, there):
+            assert drain_bodies(conn, receiver(conn, q, credit=10)) == []
+    finally:
+        conn.close()
+
+
+# ------------------------------------------------------------------ client-ids
+
+
+def test_sole_connection_for_container_holds_across_nodes(cluster):
+    """Qpid JMS desires sole-connection-for-container: a second connection with the
+    same client-id is refused (InvalidClientIDException's shape) whichever node it
+    reaches, and the client-id is free again once the first one closes."""
+    from amqpbroker.core.placement import client_home
+    slots = static_map(["n0", "n1", "n2"], {"n0": 0, "n1": 1, "n2": 1})
+    nodes = cluster.nodes()
+    for home in ("n1", "n2"):
+        cid = next(c for c in (uid("app") for _ in range(1000)) if client_home(c, slots) == home)
+        first = RawClient("127.0.0.1", nodes["n0"], container_id=cid,
+                          desired_capabilities=["sole-connection-for-container"]).wait_open()
+        try:
+            for node in ("n0", "n1", "n2"):
+                second = RawClient("127.0.0.1", nodes[node], container_id=cid,
+                                   desired_capabilities=["sole-connection-for-container"])
+                second.wait(lambda: second.conn.state & Endpoint.REMOTE_CLOSED, what="refusal")
+                props = second.conn.remote_properties or {}
+                assert props.get("amqp:connection-establishment-failed") is True, node
+                assert second.conn.remote_condition.name == "amqp:invalid-field"
+                second.close()
+        finally:
+            first.close()
+        # Free again once the first is gone (its claim on the home node went with it).
+        again = None
+        for _ in range(50):
+            again = RawClient("127.0.0.1", nodes["n0"], container_id=cid,
+                              desired_capabilities=["sole-connection-for-container"])
+            again.wait(lambda: again.conn.state & (Endpoint.REMOTE_ACTIVE | Endpoint.REMOTE_CLOSED), what="open")
+            if not again.conn.state & Endpoint.REMOTE_CLOSED:
+                break
+            again.close()
+            time.sleep(0.1)   # the home node may not have seen the first claim's close yet
+        assert again.conn.state & Endpoint.REMOTE_ACTIVE and not again.conn.state & Endpoint.REMOTE_CLOSED
+        again.close()
+
+
+def test_a_claimed_connections_pipelined_frames_wait_for_the_grant(cluster):
+    """Begin and attach sent right after the open (before the grant arrives) are
+    handled once it has."""
+    from amqpbroker.core.placement import client_home
+    slots = static_map(["n0", "n1", "n2"], {"n0": 0, "n1": 1, "n2": 1})
+    cid = next(c for c in (uid("app") for _ in range(1000)) if client_home(c, slots) == "n2")
+    q = owned_by("n1")
+    client = RawClient("127.0.0.1", cluster.port, container_id=cid,
+                       desired_capabilities=["sole-connection-for-container"])
+    try:
+        ssn = client.conn.session()
+        ssn.open()
+        rcv = ssn.receiver(uid("rcv"))
+        rcv.source.address = q
+        rcv.open()
+        client.wait(lambda: rcv.state & Endpoint.REMOTE_ACTIVE, what="attach answered after the grant")
+        assert client.conn.state & Endpoint.REMOTE_ACTIVE
+    finally:
+        client.close()
