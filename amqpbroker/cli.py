@@ -40,6 +40,8 @@ def _parser() -> argparse.ArgumentParser:
                                  "(see `amqpbroker admin --help`)", add_help=False)
     sub.add_parser("store", help="check, back up or restore a store "
                                  "(see `amqpbroker store --help`)", add_help=False)
+    sub.add_parser("cluster", help="look at a cluster: `amqpbroker cluster status` (docs/cluster.md)",
+                   add_help=False)
     return p
 
 
@@ -48,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["admin"]:
         from .management.cli import main as admin_main
         return admin_main(argv[1:])
+    if argv[:1] == ["cluster"]:
+        from .cluster.cli import main as cluster_main
+        return cluster_main(argv[1:])
     if argv[:1] == ["store"]:
         from .store.tool import main as store_main
         return store_main(argv[1:])
@@ -61,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
         settings = load_settings(args.config, **overrides)
     except ConfigError as exc:
         print(f"amqpbroker: {exc}", file=sys.stderr)
+        return 2
+    if args.worker is None and args.workers != "1" and settings.cluster is not None:
+        print("amqpbroker: --workers and [cluster] do not go together yet (docs/cluster.md)", file=sys.stderr)
         return 2
     if args.worker is None and args.workers != "1":   # serve --workers N (docs/cluster.md)
         from .cluster.workers import supervise, worker_count
@@ -126,6 +134,12 @@ def tune_gc() -> None:
 
 async def _run(settings: Settings, loop: asyncio.AbstractEventLoop, config_file: Path | None = None,
                overrides: dict | None = None) -> int:
+    if settings.cluster is not None:   # one node of a cluster (docs/cluster.md): nothing of it loads otherwise
+        if settings.ha is not None:
+            log.error("cannot start: [cluster] with [ha] is not supported yet (docs/cluster.md)")
+            return 2
+        from .cluster.node import run_member
+        return await run_member(settings, loop, config_file, overrides)
     if settings.ha is not None:   # a replicated pair (docs/ha.md): nothing of it loads otherwise
         from .ha.node import run_node
         return await run_node(settings, loop, config_file, overrides)

@@ -167,6 +167,46 @@ class HaConfig(BaseModel):
     backup_timeout: float = Field(5.0, gt=0)
 
 
+class ClusterConfig(BaseModel):
+    """`[cluster]`: this broker is one node of a cluster (docs/cluster.md): every queue,
+    topic and subscription is owned by one node (slots of a map kept in ZooKeeper),
+    and a client of any node reaches them all.  Without this section (and without
+    `serve --workers N`) nothing of the cluster is loaded."""
+    model_config = ConfigDict(extra="forbid")
+
+    zookeeper: str = Field(description='ZooKeeper ensemble, "host:port[,host:port...]"')
+    zookeeper_session_timeout: float = Field(10.0, ge=1.0, description="seconds; a dead node's slots are "
+                                             "unavailable after about this long")
+    name: str = Field("default", pattern=r"^[A-Za-z0-9_.-]+$",
+                      description="the cluster's name: /amqpbroker-cluster/<name> in ZooKeeper")
+    node_id: str = Field(pattern=r"^[A-Za-z0-9_-]+$", description="this node's name (one of `nodes`)")
+    nodes: list[str] = Field(min_length=1, description="every node of the cluster, the same list on each "
+                             "(the slot map is made from it when the cluster first starts)")
+    weights: dict[str, int] = Field({}, description="slots per node in proportion (default 1; 0: the node "
+                                    "owns nothing and only forwards)")
+    slots: int = Field(256, ge=1, le=16384, description="slots of the map (fixed once the cluster exists)")
+    pinned_exchanges: list[str] = Field([], description="exchanges owned whole by one node (their topics "
+                                        "are not spread; wildcard subscriptions allowed)")
+    listen_host: str = Field("127.0.0.1", description="where this node listens for the other nodes")
+    listen_port: int = Field(5680, ge=0, le=65535, description="0: a free port")
+    advertised: str | None = Field(None, description='"host:port" the other nodes connect to '
+                                   "(default: listen_host:port as bound)")
+    secret: str = Field(min_length=16, description="every node proves it (HMAC) before any AMQP frame")
+
+    @model_validator(mode="after")
+    def _member(self) -> "ClusterConfig":
+        if self.node_id not in self.nodes:
+            raise ValueError(f"node_id '{self.node_id}' is not one of nodes {self.nodes}")
+        if len(set(self.nodes)) != len(self.nodes):
+            raise ValueError("nodes must not repeat a name")
+        unknown = set(self.weights) - set(self.nodes)
+        if unknown:
+            raise ValueError(f"weights name nodes that are not in nodes: {sorted(unknown)}")
+        if not any(self.weights.get(n, 1) for n in self.nodes):
+            raise ValueError("at least one node must own slots (every weight is 0)")
+        return self
+
+
 class ExchangeDecl(BaseModel):
     name: str
     type: Literal["direct", "topic", "fanout"] = "topic"
@@ -333,6 +373,7 @@ class Settings(BaseSettings):
     acl: list[AclRuleDecl] = []
     anonymous: AnonymousDecl | None = None                   # permissions of the anonymous user
     ha: HaConfig | None = None                               # a replicated pair (docs/ha.md); None: alone
+    cluster: ClusterConfig | None = None                     # one node of a cluster (docs/cluster.md)
 
     @field_validator("log_level", mode="before")
     @classmethod

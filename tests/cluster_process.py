@@ -89,6 +89,14 @@ class ClusterProcess:
                 self._cond.wait(min(left, 0.2))
 
     @property
+    def owners(self) -> tuple[str, ...]:
+        """The static slot map of the workers (core/placement.py)."""
+        from amqpbroker.core.placement import static_map
+        names = [f"n{i}" for i in range(self.workers)]
+        weights = dict(zip(names, [int(w) for w in (self.weights or ",".join("1" * self.workers)).split(",")]))
+        return static_map(names, weights).owners
+
+    @property
     def port(self) -> int:
         """The port of node n0 (owns nothing when weighted 0)."""
         return self.nodes()["n0"]
@@ -145,15 +153,109 @@ class ClusterProcess:
             return self.proc.wait()
 
 
+class ZkCluster:
+    """A `[cluster]` of three broker processes (a, b, c; a owns nothing) and a real
+    ZooKeeper (tests/e2e/ha_harness.py), with the same face as BrokerProcess: `port`
+    and `url` are node a's, the log is every node's."""
+
+    SECRET = "cluster-test-secret-0123456789"
+
+    def __init__(self, base: Path, config: str | None = None, nodes: tuple[str, ...] = ("a", "b", "c"),
+                 weights: str = "{ a = 0 }"):
+        self.base = Path(base)
+        self.config_text = config or ""
+        self.node_names = nodes
+        self.weights = weights
+        self.host = "127.0.0.1"
+        self.zk = None
+        self.members: dict = {}
+        self.name = f"c{uuid4hex()}"
+
+    def member_config(self, node: str) -> str:
+        nodes = ", ".join(f'"{n}"' for n in self.node_names)
+        return (self.config_text + "\n[cluster]\n"
+                f'zookeeper = "{self.zk.hosts}"\nzookeeper_session_timeout = 2.0\nname = "{self.name}"\n'
+                f'node_id = "{node}"\nnodes = [{nodes}]\nweights = {self.weights}\nlisten_port = 0\n'
+                f'secret = "{self.SECRET}"\n')
+
+    def start(self) -> "ZkCluster":
+        from tests.broker_process import BrokerProcess
+        from tests.e2e.ha_harness import ZooKeeper, zookeeper_jar
+        zookeeper_jar()   # skips (or fails under CI) when ZooKeeper cannot be had
+        (self.base / "zk").mkdir(parents=True, exist_ok=True)
+        self.zk = ZooKeeper(self.base / "zk").start()
+        for node in self.node_names:
+            self.members[node] = BrokerProcess(self.base / node, config=self.member_config(node))
+        for proc in self.members.values():
+            proc.start(timeout=40)
+        for node, proc in self.members.items():
+            proc.wait_for_log(rf"cluster: node {node} is live", timeout=20)
+        for proc in self.members.values():   # every node has seen every other
+            for node in self.node_names:
+                proc.wait_for_log(rf"cluster: node {node} is live", timeout=20)
+        return self
+
+    @property
+    def owners(self) -> tuple[str, ...]:
+        """The slot map the nodes made in ZooKeeper from their configuration."""
+        from amqpbroker.core.placement import static_map
+        return static_map(self.node_names, {self.node_names[0]: 0}).owners
+
+    @property
+    def port(self) -> int:
+        return self.members[self.node_names[0]].port
+
+    @property
+    def url(self) -> str:
+        return f"amqp://{self.host}:{self.port}"
+
+    def node_url(self, node: str) -> str:
+        return self.members[node].url
+
+    def log_text(self) -> str:
+        return "".join(p.log_text() for p in self.members.values())
+
+    def wait_for_log(self, pattern: str, timeout: float = 10.0) -> str:
+        rx = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        while True:
+            for proc in self.members.values():
+                for line in proc.log_text().splitlines():
+                    if rx.search(line):
+                        return line
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no log line matching {pattern!r} on any node")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        for proc in self.members.values():
+            proc.stop()
+        if self.zk is not None:
+            self.zk.stop()
+
+
+def uuid4hex() -> str:
+    import uuid
+    return uuid.uuid4().hex[:8]
+
+
+CLUSTER_KINDS = ["alone", "workers", "zookeeper"]
+
+
 def broker_or_cluster(kind: str, tmp_path_factory, config: str | None = None, name: str = "broker"):
     """A module fixture's body: one broker, or a cluster reached through a node that
-    owns nothing (the JMS wire tests run against both)."""
+    owns nothing (`serve --workers 3`, or three `[cluster]` nodes and a ZooKeeper):
+    the JMS wire tests run against each."""
     from tests.broker_process import BrokerProcess
     base = tmp_path_factory.mktemp(f"{name}-{kind}")
-    proc = (ClusterProcess(base / "data", config=config) if kind == "cluster"
-            else BrokerProcess(base / "data", config=config))
-    proc.start()
+    if kind == "workers":
+        proc = ClusterProcess(base / "data", config=config)
+    elif kind == "zookeeper":
+        proc = ZkCluster(base, config=config)
+    else:
+        proc = BrokerProcess(base / "data", config=config)
     try:
+        proc.start()
         yield proc
     finally:
         proc.stop()
@@ -163,13 +265,9 @@ def colocated(broker, name: str, prefix: str) -> str:
     """A fresh queue name held by the same node as queue `name` (a transaction may use
     one node's addresses only, docs/cluster.md); on one broker, any fresh name."""
     import uuid
-    if not isinstance(broker, ClusterProcess):
-        return f"{prefix}-{uuid.uuid4().hex[:8]}"
-    from amqpbroker.core.placement import slot_of, static_map
-    weights = dict(zip([f"n{i}" for i in range(broker.workers)],
-                       [int(w) for w in (broker.weights or ",".join("1" * broker.workers)).split(",")]))
-    owners = static_map(list(weights), weights).owners
+    from amqpbroker.core.placement import slot_of
+    owners = getattr(broker, "owners", None)
     while True:
         other = f"{prefix}-{uuid.uuid4().hex[:8]}"
-        if owners[slot_of(other)] == owners[slot_of(name)]:
+        if owners is None or owners[slot_of(other)] == owners[slot_of(name)]:
             return other

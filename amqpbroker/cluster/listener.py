@@ -72,8 +72,13 @@ class HandshakeProtocol(asyncio.Protocol):
             return
         if hello is None:
             return
-        used, user, proof = hello
+        used, user, epoch, proof = hello
         self.done = True
+        mine = self.server.cluster.slots.epoch
+        if epoch != mine:
+            log.warning("inter-node connection refused: its slot map epoch %d is not this node's %d", epoch, mine)
+            self.sock.abort()
+            return
         if self.timer is not None:
             self.timer.cancel()
         self.sock.write(proof)

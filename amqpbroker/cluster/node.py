@@ -1,9 +1,12 @@
 """One node of a cluster: a BrokerServer with its own store, the router that forwards
-what other nodes own (cluster/router.py), and the inter-node listener where the
-other nodes' forwarded links arrive (cluster/listener.py).
+what other nodes own (cluster/router.py), the inter-node listener where the other
+nodes' forwarded links arrive (cluster/listener.py), and the shovels that take what
+lands here to its owner (cluster/shovel.py).
 
 `serve --workers N` runs N of these on one machine (cluster/workers.py), with a static
-slot map and Unix sockets between them.
+slot map and Unix sockets between them (`run_worker`); a `[cluster]` section makes this
+broker one node of a cluster of machines, with the map and membership in ZooKeeper
+(`run_member`, cluster/membership.py).
 """
 
 from __future__ import annotations
@@ -113,3 +116,74 @@ def _unix_path(address: str) -> str:
 
 
 __all__ = ["WorkerSpec", "run_worker", "worker_settings", "Any"]
+
+
+async def run_member(settings: Settings, loop: asyncio.AbstractEventLoop, config_file: Path | None = None,
+                     overrides: dict | None = None) -> int:
+    """Run this broker as node `[cluster] node_id` until SIGTERM / SIGINT."""
+    import lmdb
+
+    from ..server.app import BrokerServer, install_signal_handlers
+    from ..store.base import StoreError
+    from .listener import start_listener
+    from .membership import Membership
+    from .router import Router
+    from .shovel import Shovels
+
+    cfg = settings.cluster
+    secret = cfg.secret.encode()
+    membership = Membership(cfg, loop)
+    try:
+        await membership.start()
+        slots = await membership.slot_map()
+    except Exception as exc:
+        log.error("cannot start node %s: ZooKeeper at %s: %s", cfg.node_id, cfg.zookeeper, exc)
+        await membership.stop()
+        return 2
+
+    def address_of(node: str) -> str:
+        info = membership.live.get(node)
+        if info is None:
+            raise OSError(f"node {node} is not live")
+        return info["inter"]
+
+    try:
+        server = BrokerServer(settings, loop, config_file=config_file, overrides=overrides)
+        router = Router(server, cfg.node_id, slots, address_of, secret)
+        router.serving = False            # until our live znode is held
+        router.membership = membership
+        server.cluster = router
+        await server.start()
+        inter, where = await start_listener(server, secret, host=cfg.listen_host, port=cfg.listen_port)
+    except (ValueError, OSError, StoreError, lmdb.Error) as exc:
+        log.error("cannot start node %s: %s", cfg.node_id, exc)
+        await membership.stop()
+        return 2
+
+    def changed() -> None:
+        router.slots = router.slots.with_live(membership.live)
+
+    def serving(yes: bool) -> None:
+        router.serving = yes
+
+    membership.on_change = changed
+    membership.on_serving = serving
+    main = server.listeners[0]
+    await membership.go_live({"inter": cfg.advertised or where, "amqp": f"{main.host}:{main.port}"})
+    membership.watch()
+    shovels = Shovels(server, router)
+    shovels.start()
+    log.info("cluster: node %s of %s, %d of %d slots, inter-node %s", cfg.node_id, ", ".join(cfg.nodes),
+             len(slots.slots_of(cfg.node_id)), slots.slots, where)
+    from ..cli import tune_gc
+    tune_gc()
+    stopped = asyncio.Event()
+    install_signal_handlers(loop, stopped.set, server.reloader.on_signal)
+    await stopped.wait()
+    log.info("node %s shutting down", cfg.node_id)
+    router.serving = False
+    await membership.stop()
+    inter.close()
+    shovels.close()
+    await server.stop()
+    return 0

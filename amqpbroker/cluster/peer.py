@@ -63,13 +63,15 @@ class PeerConnection(asyncio.Protocol):
     """The connection to `node` for one client connection."""
 
     def __init__(self, server: Any, node: str, address: str, secret: bytes, *, container_id: str,
-                 user: str | None, desired_capabilities: list[str], on_lost: Callable[["PeerConnection"], None]):
+                 user: str | None, desired_capabilities: list[str], on_lost: Callable[["PeerConnection"], None],
+                 epoch: int = 0):
         self.server = server
         self.loop = server.loop
         self.node = node
         self.address = address
         self.secret = secret
         self.user = user
+        self.epoch = epoch            # the slot map's (cluster/wire.py: the owner checks it)
         self.on_lost = on_lost
         self.sock: asyncio.Transport | None = None
         self.closed = False
@@ -131,7 +133,8 @@ class PeerConnection(asyncio.Protocol):
             if not self._expected_proof:
                 if len(hs) < wire.NONCE:
                     return b""
-                hello, self._expected_proof = wire.edge_hello(self.secret, bytes(hs[:wire.NONCE]), self.user)
+                hello, self._expected_proof = wire.edge_hello(self.secret, bytes(hs[:wire.NONCE]), self.user,
+                                                              self.epoch)
                 del hs[:wire.NONCE]
                 self.sock.write(hello)
             if wire.check_owner_proof(self._expected_proof, bytes(hs)) is None:

@@ -89,7 +89,8 @@ class ClientSide:
             desired = [c for c in symbols(h.conn.remote_desired_capabilities) if c != SOLE_CONNECTION]
             peer = PeerConnection(self.router.server, node, self.router.address_of(node), self.router.secret,
                                   container_id=h.container_id, user=h.protocol.user,
-                                  desired_capabilities=desired + [SOLE_CONNECTION] * claim, on_lost=self._lost)
+                                  desired_capabilities=desired + [SOLE_CONNECTION] * claim, on_lost=self._lost,
+                                  epoch=self.router.slots.epoch)
             self.peers[node] = peer
             if claim:
                 self.claim = peer
@@ -147,6 +148,29 @@ class Router:
         self.sides: dict[Any, ClientSide] = {}
         self.txns = TxnRoutes(self)
         self.forwarded_total = 0
+        # False while this node may not serve its slots ([cluster]: its ZooKeeper
+        # session is in doubt or its live znode is not held; cluster/membership.py).
+        self.serving = True
+        self.membership: Any = None
+
+    def describe(self) -> dict:
+        """GET /api/cluster: this node's view of the cluster."""
+        slots = self.slots
+        peers = [p for side in self.sides.values() for p in side.peers.values()]
+        links = [f for p in peers for f in p.links.values()]
+        waiting = sum(len(getattr(f, "sent", ()) or ()) + len(getattr(f, "unsettled", ()) or ()) for f in links)
+        nodes = []
+        for node in slots.nodes:
+            nodes.append({"node": node, "live": slots.available(node), "slots": len(slots.slots_of(node)),
+                          "here": node == self.node,
+                          "connections": sum(1 for p in peers if p.node == node)})
+        view = {"node": self.node, "serving": self.serving, "epoch": slots.epoch, "slots": slots.slots,
+                "nodes": nodes, "pinned_exchanges": sorted(slots.pinned),
+                "forwarded": {"clients": len(self.sides), "connections": len(peers), "links": len(links),
+                              "waiting_on_owners": waiting, "links_total": self.forwarded_total}}
+        if self.membership is not None:
+            view["zookeeper"] = self.membership.describe()
+        return view
 
     def side(self, handler: Any) -> ClientSide:
         side = self.sides.get(handler)
@@ -163,6 +187,9 @@ class Router:
         return handler.protocol.listener.name == NODE_LISTENER
 
     def attach(self, handler: Any, link: Any) -> ForwardedLink | None:
+        if not self.serving:
+            raise AttachRefused(UNAVAILABLE, f"node {self.node} serves nothing now (its ZooKeeper session is "
+                                             f"in doubt, or it is taking its place again)")
         if self.from_node(handler):
             return None
         shape = self._shape(link)

@@ -225,7 +225,7 @@ class Shovels:
         if peer is None or peer.closed:
             peer = PeerConnection(self.server, node, self.router.address_of(node), self.router.secret,
                                   container_id=f"amqpbroker-node-{self.node}", user=None,
-                                  desired_capabilities=[], on_lost=self._lost)
+                                  desired_capabilities=[], on_lost=self._lost, epoch=self.router.slots.epoch)
             self.peers[node] = peer
         return peer
 

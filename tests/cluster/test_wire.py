@@ -18,8 +18,8 @@ def exchange(edge_secret: bytes, owner_secret: bytes, user):
 
 def test_a_node_with_the_secret_is_let_in_with_its_user():
     owner_nonce, hello, expected = exchange(SECRET, SECRET, "alice")
-    used, user, proof = wire.read_edge_hello(SECRET, owner_nonce, hello + b"AMQP")
-    assert (used, user) == (len(hello), "alice")
+    used, user, epoch, proof = wire.read_edge_hello(SECRET, owner_nonce, hello + b"AMQP")
+    assert (used, user, epoch) == (len(hello), "alice", 0)
     assert wire.check_owner_proof(expected, proof) is True
 
 
@@ -67,3 +67,12 @@ def test_a_user_name_longer_than_the_limit_is_refused_before_reading_it():
     head = wire.new_nonce() + (wire.MAX_USER + 1).to_bytes(2, "big")
     with pytest.raises(wire.HandshakeFailed):
         wire.read_edge_hello(SECRET, owner_nonce, head)
+
+
+def test_the_map_epoch_arrives_and_cannot_be_changed_on_the_way():
+    owner_nonce = wire.new_nonce()
+    hello, _ = wire.edge_hello(SECRET, owner_nonce, "bob", epoch=7)
+    assert wire.read_edge_hello(SECRET, owner_nonce, hello)[2] == 7
+    forged = hello[:-wire.PROOF - 1] + bytes([8]) + hello[-wire.PROOF:]
+    with pytest.raises(wire.HandshakeFailed):
+        wire.read_edge_hello(SECRET, owner_nonce, forged)

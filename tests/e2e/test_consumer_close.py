@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from proton import Delivery, Message
 
-from tests.cluster_process import broker_or_cluster
+from tests.cluster_process import CLUSTER_KINDS, broker_or_cluster
 from tests.e2e.helpers_conn import RawClient
 from tests.e2e.helpers_delivery import (
     connection,
@@ -35,7 +35,7 @@ max_links_per_connection = 16
 """
 
 
-@pytest.fixture(scope="module", params=["alone", "cluster"])
+@pytest.fixture(scope="module", params=CLUSTER_KINDS)
 def jms_broker(request, tmp_path_factory):
     """One broker, and a cluster whose client node owns nothing (every link forwarded)."""
     yield from broker_or_cluster(request.param, tmp_path_factory, CONFIG, "consumer-close")

@@ -8,14 +8,14 @@ import pytest
 from proton import Delivery, Message, Terminus, Timeout
 
 from tests.client import connect, terminus_capabilities
-from tests.cluster_process import broker_or_cluster, colocated
+from tests.cluster_process import CLUSTER_KINDS, broker_or_cluster, colocated
 from tests.e2e.helpers_conn import RawClient
 from tests.e2e.jms_txn import DECLARED, TxnSession
 
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(scope="module", params=["alone", "cluster"])
+@pytest.fixture(scope="module", params=CLUSTER_KINDS)
 def broker(request, tmp_path_factory):
     """One broker, and a cluster whose client node owns nothing (every link forwarded)."""
     yield from broker_or_cluster(request.param, tmp_path_factory)
