@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"amqpbroker: {exc}", file=sys.stderr)
         return 2
-    if args.worker is None and args.workers != "1" and settings.cluster is not None:
+    if args.worker is None and args.workers != "1" and settings.cluster is not None \
+            and settings.cluster.zookeeper is not None:
         print("amqpbroker: --workers and [cluster] do not go together yet (docs/cluster.md)", file=sys.stderr)
         return 2
     if args.worker is None and args.workers != "1":   # serve --workers N (docs/cluster.md)
@@ -134,6 +135,10 @@ def tune_gc() -> None:
 
 async def _run(settings: Settings, loop: asyncio.AbstractEventLoop, config_file: Path | None = None,
                overrides: dict | None = None) -> int:
+    if settings.cluster is not None and settings.cluster.zookeeper is None:
+        log.error("cannot start: [cluster] without zookeeper holds options of `serve --workers N` "
+                  "(docs/cluster.md)")
+        return 2
     if settings.cluster is not None:   # one node of a cluster (docs/cluster.md): nothing of it loads otherwise
         if settings.ha is not None:
             log.error("cannot start: [cluster] with [ha] is not supported yet (docs/cluster.md)")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Settings
-from ..core.placement import DEFAULT_SLOTS, static_map
+from ..core.placement import DEFAULT_SLOTS, SlotMap, static_map
 
 log = logging.getLogger("amqpbroker.cluster")
 
@@ -34,6 +34,7 @@ class WorkerSpec:
     secret: str                 # hex
     port: int                   # the shared AMQP port
     slots: int = DEFAULT_SLOTS
+    node_ports: dict[str, int] = dataclasses.field(default_factory=dict)   # each node's own AMQP port
 
     @classmethod
     def read(cls, path: Path) -> "WorkerSpec":
@@ -72,12 +73,17 @@ async def run_worker(settings: Settings, loop: asyncio.AbstractEventLoop, spec: 
     node = spec.nodes[index]
     settings = worker_settings(settings, spec, index)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    slots = static_map(spec.nodes, spec.weights, spec.slots)
+    pinned, partitioned = cluster_options(settings)
+    slots = static_map(spec.nodes, spec.weights, spec.slots, pinned=pinned, partitioned=partitioned)
     secret = bytes.fromhex(spec.secret)
     try:
+        check_partitioned(slots)
         server = BrokerServer(settings, loop, config_file=config_file, overrides=overrides)
         server.reuse_port = True
-        server.cluster = Router(server, node, slots, spec.sockets.__getitem__, secret)
+        router = Router(server, node, slots, spec.sockets.__getitem__, secret)
+        router.client_address = lambda n: (settings.host, spec.node_ports[n])
+        router.redirect = settings.cluster is not None and settings.cluster.redirect
+        server.cluster = router
         await server.start()
         inter, where = await start_listener(server, secret, unix_path=_unix_path(spec.sockets[node]))
         shovels = Shovels(server, server.cluster)
@@ -85,8 +91,9 @@ async def run_worker(settings: Settings, loop: asyncio.AbstractEventLoop, spec: 
         # A port of this node alone (the shared one lands anywhere): for clients and
         # tests that must reach this node, and for placement redirects.
         main = server.listeners[0]
-        own = dataclasses.replace(main, name="amqp-node", port=0, server=None)
-        own.server = await loop.create_server(server._protocol_factory(own), main.host, 0, reuse_address=True)
+        own = dataclasses.replace(main, name="amqp-node", port=spec.node_ports.get(node, 0), server=None)
+        own.server = await loop.create_server(server._protocol_factory(own), main.host, own.port,
+                                              reuse_address=True, reuse_port=True)
         own.port = own.server.sockets[0].getsockname()[1]
         server.listeners.append(own)
     except (ValueError, OSError, StoreError) as exc:
@@ -108,6 +115,29 @@ async def run_worker(settings: Settings, loop: asyncio.AbstractEventLoop, spec: 
     shovels.close()
     await server.stop()
     return 0
+
+
+def cluster_options(settings: Settings) -> tuple[frozenset[str], dict[str, int]]:
+    """The pinned exchanges and the partitioned destinations (owning key → members) of
+    `[cluster]` (the same on every node: they are configuration)."""
+    cfg = settings.cluster
+    if cfg is None:
+        return frozenset(), {}
+    from ..core.broker import BUILTIN_EXCHANGES
+    from ..core.placement import owning_key
+    exchanges = {name: kind.value for name, kind in BUILTIN_EXCHANGES}
+    exchanges.update({e.name: e.type for e in settings.exchanges})
+    pinned = frozenset(cfg.pinned_exchanges)
+    partitioned = {owning_key(p.address, topic=p.topic, exchanges=exchanges, pinned=pinned).key: p.members
+                   for p in cfg.partitioned}
+    return pinned, partitioned
+
+
+def check_partitioned(slots: Any) -> None:
+    owning = len(set(slots.owners))
+    for key, members in slots.partitioned.items():
+        if members > owning:
+            raise ValueError(f"partitioned '{key}': {members} members but {owning} nodes own slots")
 
 
 def _unix_path(address: str) -> str:
@@ -136,6 +166,9 @@ async def run_member(settings: Settings, loop: asyncio.AbstractEventLoop, config
     try:
         await membership.start()
         slots = await membership.slot_map()
+        pinned, partitioned = cluster_options(settings)
+        slots = SlotMap(slots.owners, slots.live, slots.epoch, slots.pinned | pinned, partitioned)
+        check_partitioned(slots)
     except Exception as exc:
         log.error("cannot start node %s: ZooKeeper at %s: %s", cfg.node_id, cfg.zookeeper, exc)
         await membership.stop()
@@ -151,6 +184,8 @@ async def run_member(settings: Settings, loop: asyncio.AbstractEventLoop, config
         server = BrokerServer(settings, loop, config_file=config_file, overrides=overrides)
         router = Router(server, cfg.node_id, slots, address_of, secret)
         router.serving = False            # until our live znode is held
+        router.redirect = cfg.redirect
+        router.client_address = lambda n: tuple(membership.live[n]["amqp"].rsplit(":", 1))
         router.membership = membership
         server.cluster = router
         await server.start()

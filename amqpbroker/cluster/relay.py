@@ -29,7 +29,7 @@ log = logging.getLogger("amqpbroker.cluster")
 class RelayLink(OrderedSender):
     """Relay messages of one client session for one owning node."""
 
-    def __init__(self, side: Any, handler: Any, client_session: Any, peer: Any):
+    def __init__(self, side: Any, handler: Any, client_session: Any, peer: Any, target: str | None = None):
         self.side = side
         self.handler = handler
         self.protocol = handler.protocol
@@ -38,7 +38,9 @@ class RelayLink(OrderedSender):
         self.init_sends()
         ssn = peer.session_for(client_session)
         m = ssn.sender(f"amqpbroker:relay:{uuid.uuid4().hex[:12]}")
-        m.target.address = None   # the owner's anonymous relay: it routes by `to`
+        # None: the owner's anonymous relay (it routes by `to`); else one address
+        # (a member of a partitioned destination, cluster/partitioned.py).
+        m.target.address = target
         m.open()
         self.mirror, self.mimpl, self.mirror_session = m, m._impl, ssn
         self.open = False

@@ -7,10 +7,11 @@ to the owning node (cluster/peer.py), made on first use.
 from __future__ import annotations
 
 import logging
+import zlib
 from collections.abc import Mapping
 
 from cproton import lib
-from proton import Condition
+from proton import Condition, symbol
 from typing import Any, Callable, Iterator
 
 from ..core.placement import (
@@ -38,6 +39,7 @@ from ..server.refusal import AttachRefused
 from ..server.terminus import read_source, read_target
 from .forward import ForwardedConsumer, ForwardedLink, ForwardedProducer
 from .guard import LOCKED, SubscriptionGuard
+from .partitioned import FanInConsumer, PartitionedProducer, member_of
 from .relay import RelayLink
 from .txn import TxnRoutes
 from .peer import PeerConnection
@@ -117,6 +119,14 @@ class ClientSide:
                                                                    self.peer(node))
         return link
 
+    def member(self, client_session: Any, node: str, address: str) -> RelayLink:
+        """A sender to one member of a partitioned destination, for relayed messages."""
+        key = (client_session, f"{node}\0{address}")
+        link = self.relays.get(key)
+        if link is None or link.peer.closed:
+            link = self.relays[key] = RelayLink(self, self.handler, client_session, self.peer(node), target=address)
+        return link
+
     def relay_gone(self, link: RelayLink) -> None:
         if self.relays.get((link.client_session, link.peer.node)) is link:
             del self.relays[(link.client_session, link.peer.node)]
@@ -152,6 +162,8 @@ class Router:
         # session is in doubt or its live znode is not held; cluster/membership.py).
         self.serving = True
         self.membership: Any = None
+        self.redirect = False      # [cluster] redirect: opens go to their client-id's home node
+        self.client_address: Callable[[str], tuple[str, Any]] = lambda node: ("", 0)
 
     def describe(self) -> dict:
         """GET /api/cluster: this node's view of the cluster."""
@@ -210,7 +222,10 @@ class Router:
                                 f"key goes in the address ('{shape.address}/key') or the message's `to` "
                                 f"(anonymous relay)")
         if isinstance(placed, Partitioned):
-            raise AttachRefused(NOT_IMPLEMENTED, f"partitioned destination '{placed.address}'")
+            side = self.side(handler)
+            kind = FanInConsumer if link.is_sender else PartitionedProducer
+            self.forwarded_total += 1
+            return kind(side, handler, link, placed)
         return None
 
     @staticmethod
@@ -289,10 +304,15 @@ class Router:
     # ------------------------------------------------------------------ client-ids
 
     def claims(self, handler: Any) -> bool:
-        """Whether this client's open needs another node's grant of its client-id:
-        it desires sole-connection-for-container on a `restricted` listener, and its
-        client-id's home (core/placement.client_home) is another node."""
-        if self.from_node(handler) or handler.protocol.listener.client_id_policy is not ClientIdPolicy.RESTRICTED:
+        """Whether this client's open waits for the cluster: a redirect to its
+        client-id's home node (`[cluster] redirect`), or that node's grant of its
+        client-id (it desires sole-connection-for-container on a `restricted`
+        listener, and the home (core/placement.client_home) is another node)."""
+        if self.from_node(handler):
+            return False
+        if self.redirect and client_home(handler.container_id, self.slots) != self.node:
+            return True
+        if handler.protocol.listener.client_id_policy is not ClientIdPolicy.RESTRICTED:
             return False
         if SOLE_CONNECTION not in symbols(handler.conn.remote_desired_capabilities):
             return False
@@ -305,6 +325,15 @@ class Router:
         cid = handler.container_id
         if not self.slots.available(home):
             done((UNAVAILABLE, f"node {home}, which grants client-id '{cid}', is not available", False))
+            return
+        if self.redirect:
+            # AMQP 1.0 §2.8.16: Qpid JMS under failover: reconnects there (its own
+            # open never got further than here: never mid-connection).
+            host, port = self.client_address(home)
+            log.info("connection %s (container %s) redirected to node %s at %s:%s", handler.protocol.peer,
+                     cid, home, host, port)
+            done(("amqp:connection:redirect", f"client-id '{cid}' is served by node {home}", False,
+                  {symbol("hostname"): str(host), symbol("network-host"): str(host), symbol("port"): int(port)}))
             return
 
         def answered(peer: PeerConnection) -> None:
@@ -340,9 +369,15 @@ class Router:
             side = self.side(handler)
             side.relay(lib.pn_link_session(producer.impl), placed.node).send(producer, dlv, msg.raw, str(to))
             return True
-        if isinstance(placed, (Refuse, Partitioned)):
-            cond = (Condition(placed.condition, placed.description) if isinstance(placed, Refuse)
-                    else Condition(NOT_IMPLEMENTED, f"partitioned destination '{placed.address}'"))
+        if isinstance(placed, Partitioned):   # one member: the group's, else this link's
+            sticky = zlib.crc32(producer.link.name.encode("utf-8", "surrogatepass"))
+            address, node = placed.members[member_of(msg.group_id(), sticky % len(placed.members),
+                                                     len(placed.members))]
+            side = self.side(handler)
+            side.member(lib.pn_link_session(producer.impl), node, address).send(producer, dlv, msg.raw, address)
+            return True
+        if isinstance(placed, Refuse):
+            cond = Condition(placed.condition, placed.description)
             log.warning("connection %s: message for '%s' rejected: %s: %s", handler.protocol.peer, to,
                         cond.name, cond.description)
             if lib.pn_delivery_settled(dlv):

@@ -73,11 +73,11 @@ class Supervisor:
         self.restarts: dict[int, float] = {}
         self.stopping = False
 
-    def spec(self, port: int) -> WorkerSpec:
+    def spec(self, port: int, node_ports: dict[str, int]) -> WorkerSpec:
         token = secrets.token_hex(6)
         return WorkerSpec(nodes=self.nodes, weights=self.weights,
                           sockets={n: f"unix:@amqpbroker-{os.getpid()}-{token}-{n}" for n in self.nodes},
-                          secret=secrets.token_hex(32), port=port)
+                          secret=secrets.token_hex(32), port=port, node_ports=node_ports)
 
     def run(self) -> int:
         s = self.settings
@@ -88,8 +88,10 @@ class Supervisor:
             log.error("cannot start: port %s:%d: %s", s.host, s.port, exc)
             return 2
         port = holder.getsockname()[1]
+        # Each worker's own port too (redirects name it): held the same way.
+        own = [reserve_port(s.host, 0) for _ in self.nodes]
         spec_path = s.data_dir / "workers.json"
-        self.spec(port).write(spec_path)
+        self.spec(port, {n: o.getsockname()[1] for n, o in zip(self.nodes, own)}).write(spec_path)
         self.spec_path = spec_path
         log.info("supervisor: %d workers on port %d (data in %s/node-K)", len(self.nodes), port, s.data_dir)
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -102,6 +104,8 @@ class Supervisor:
             time.sleep(0.1)
         self._stop_all()
         holder.close()
+        for sock in own:
+            sock.close()
         return 0
 
     def _start(self, index: int) -> None:

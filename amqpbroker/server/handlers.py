@@ -124,22 +124,23 @@ class ConnectionHandler:
             return
         self._answer_open(refusal)
 
-    def _claimed(self, refusal: tuple[str, str, bool] | None) -> None:
+    def _claimed(self, refusal: tuple | None) -> None:
         if self.ended or self.protocol.closed:
             return
         self._answer_open(refusal)
         self.protocol.resume_events()
 
-    def _answer_open(self, refusal: tuple[str, str, bool] | None) -> None:
+    def _answer_open(self, refusal: tuple | None) -> None:
         conn = self.conn
         if refusal is not None:
-            condition, description, clash = refusal
+            # (condition, description, clash[, info]): info of a cluster's redirect
+            condition, description, clash, *extra = refusal
             if clash:
                 # The shape Qpid JMS turns into InvalidClientIDException.
                 conn.properties = {symbol("amqp:connection-establishment-failed"): True}
                 info = {symbol("invalid-field"): symbol("container-id")}
             else:
-                info = None
+                info = extra[0] if extra else None
             conn.open()
             conn.condition = Condition(condition, description, info)
             conn.close()

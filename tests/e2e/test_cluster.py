@@ -511,3 +511,104 @@ def test_a_claimed_connections_pipelined_frames_wait_for_the_grant(cluster):
         assert client.conn.state & Endpoint.REMOTE_ACTIVE
     finally:
         client.close()
+
+
+# ------------------------------------------------------------------ partitioned destinations
+
+PARTITIONED = """
+[cluster]
+partitioned = [{address = "porders", members = 2}, {address = "pprices", members = 2, topic = true}]
+"""
+
+
+@pytest.fixture(scope="module")
+def partitioned(tmp_path_factory):
+    proc = ClusterProcess(tmp_path_factory.mktemp("partitioned") / "data", config=PARTITIONED).start()
+    yield proc
+    proc.stop()
+
+
+def member_bodies(cluster, address: str) -> list:
+    conn = connect(cluster.url)
+    try:
+        return drain_bodies(conn, receiver(conn, address, credit=500), timeout=1.0)
+    finally:
+        conn.close()
+
+
+def test_partitioned_queue_keeps_each_group_on_one_member_in_order(partitioned):
+    conn = connect(partitioned.url)
+    try:
+        snd = sender(conn, "porders")
+        for i in range(120):
+            snd.send(Message(body=[f"g{i % 6}", i], group_id=f"g{i % 6}", durable=True))
+    finally:
+        conn.close()
+    members = {m: member_bodies(partitioned, m) for m in ("porders.p0", "porders.p1")}
+    assert sorted(i for got in members.values() for _, i in got) == list(range(120))
+    for got in members.values():
+        groups = {g for g, _ in got}
+        for g in groups:
+            seq = [i for gg, i in got if gg == g]
+            assert seq == sorted(seq) and len(seq) == 20, f"group {g} whole and in order on one member"
+    assert all(members.values()), "groups spread over both members"
+
+
+def test_a_producer_without_groups_sticks_to_one_member_and_a_consumer_reads_all(partitioned):
+    conn = connect(partitioned.url)
+    try:
+        for link in range(6):
+            snd = sender(conn, "porders")
+            for i in range(10):
+                snd.send(Message(body=[link, i]))
+            snd.close()
+        got = drain_bodies(conn, receiver(conn, "porders", credit=100), timeout=1.0)   # fan-in
+    finally:
+        conn.close()
+    assert sorted(tuple(b) for b in got) == [(link, i) for link in range(6) for i in range(10)]
+    for link in range(6):
+        assert [i for lk, i in got if lk == link] == list(range(10)), "each producer's order holds"
+
+
+def test_one_shared_subscription_on_a_partitioned_topic_across_nodes_gets_each_message_once(partitioned):
+    nodes = partitioned.nodes()
+    sub = uid("psub")
+    conns = [connect(f"amqp://127.0.0.1:{nodes[n]}") for n in ("n0", "n1", "n2")]
+    try:
+        consumers = [shared_consumer(c, "pprices", sub, global_=True, credit=500) for c in conns]
+        pub = connect(partitioned.url)
+        for link in range(4):   # four producer links: sticky members spread
+            snd = pub.create_sender("amq.topic/pprices", name=uid("pub"))
+            for i in range(100):
+                snd.send(Message(body=link * 1000 + i))
+        pub.close()
+        got = [take_all(r, timeout=1.5) for r in consumers]
+    finally:
+        for c in conns:
+            c.close()
+    everything = sorted(b for g in got for b in g)
+    assert everything == sorted(link * 1000 + i for link in range(4) for i in range(100)), "exactly once"
+    assert all(got), f"every consumer took a share: {[len(g) for g in got]}"
+
+
+# ------------------------------------------------------------------ placement redirects
+
+
+def test_redirect_sends_an_open_to_its_client_ids_home_node(tmp_path):
+    from amqpbroker.core.placement import client_home
+    cl = ClusterProcess(tmp_path / "data", config="[cluster]\nredirect = true\n").start()
+    try:
+        slots = static_map(["n0", "n1", "n2"], {"n0": 0, "n1": 1, "n2": 1})
+        cid = next(c for c in (uid("app") for _ in range(1000)) if client_home(c, slots) == "n2")
+        nodes = cl.nodes()
+        client = RawClient("127.0.0.1", nodes["n0"], container_id=cid)
+        client.wait(lambda: client.conn.state & Endpoint.REMOTE_CLOSED, what="redirect")
+        cond = client.conn.remote_condition
+        assert cond.name == "amqp:connection:redirect"
+        assert cond.info["network-host"] == "127.0.0.1" and cond.info["port"] == nodes["n2"]
+        client.close()
+        home = RawClient("127.0.0.1", nodes["n2"], container_id=cid).wait_open()
+        assert not home.conn.state & Endpoint.REMOTE_CLOSED
+        home.close()
+    finally:
+        cl.stop()
