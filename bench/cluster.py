@@ -18,7 +18,16 @@ the same cores as the brokers, as in the other benches.
             (n1's port) and through n0 (every link forwarded): msgs/s, the ratio
             (target >= 0.5x), and each node's CPU per message (from /proc) so the
             forwarding cost per message is printed.
-3. single   (with --baseline-bin BIN) p2p on one broker run from BIN (e.g. the main
+3. partitioned  a topic with one shared subscription (4 consumers, 4 producer links),
+            against
+              one node   `serve` alone, a plain topic
+              logical    `serve --workers 2` with the topic partitioned over 2 members,
+                         clients on the shared port using its one name (every message
+                         passes through a node's partitioned link: forwarded)
+              members    the same cluster, each member's producers and consumers on its
+                         owner's own port, naming the member (`amq.topic/<topic>.p0` ...)
+            aggregate msgs/s and the ratio to one node (target >= 1.5x).
+4. single   (with --baseline-bin BIN) p2p on one broker run from BIN (e.g. the main
             branch's .venv/bin/amqpbroker) against this tree's: the single-node broker
             must not be slower.
 
@@ -63,10 +72,14 @@ def cpu_ticks(pid: int) -> int:
 class Server:
     """A broker process (alone, or a --workers supervisor) logging to a file."""
 
-    def __init__(self, exe: str, workers: int = 1, weights: str | None = None, name: str = "broker"):
+    def __init__(self, exe: str, workers: int = 1, weights: str | None = None, name: str = "broker",
+                 config: str | None = None):
         self.tmp = Path(tempfile.mkdtemp(prefix=f"bench-cluster-{name}-"))
         cmd = [exe, "serve", "--host", "127.0.0.1", "--port", "0", "--data-dir", str(self.tmp / "data"),
                "--log-level", "info"]
+        if config:
+            (self.tmp / "broker.toml").write_text(config)
+            cmd += ["--config", str(self.tmp / "broker.toml")]
         if workers > 1:
             cmd += ["--workers", str(workers)] + (["--worker-weights", weights] if weights else [])
         self.log = open(self.tmp / "log", "w+")
@@ -118,6 +131,22 @@ def loadgen_cmd(port: int, address: str, messages: int, size: int, timeout: floa
             "--timeout", str(timeout)]
 
 
+def shared_sub_cmd(port: int, topic: str, messages: int, size: int, timeout: float, senders: int = 4,
+                   receivers: int = 4) -> list[str]:
+    """Producers on topic `topic`, consumers sharing one subscription of it."""
+    return [str(LOADGEN), "--url", f"127.0.0.1:{port}", "--address", f"amq.topic/{topic}", "--recv-address",
+            topic, "--shared-sub", f"bench-sub-{uuid.uuid4().hex[:8]}", "--messages", str(messages),
+            "--size", str(size), "--senders", str(senders), "--receivers", str(receivers), "--window", "1000",
+            "--credit", "1000", "--start-delay", "300", "--timeout", str(timeout)]
+
+
+PARTITIONED_TOPIC = "bench-pt"
+PARTITIONED_CONFIG = f"""
+[cluster]
+partitioned = [{{address = "{PARTITIONED_TOPIC}", members = 2, topic = true}}]
+"""
+
+
 def run_loadgens(cmds: list[list[str]], timeout: float) -> dict:
     """Start them all at once; aggregate = every message received / the longest run."""
     procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in cmds]
@@ -146,6 +175,14 @@ def queue_names(count: int, owners: tuple[str, ...]) -> list[str]:
     return names
 
 
+def member_nodes(topic: str, owners: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(member topic name, its node) of the bench's partitioned topic (core/placement.py)."""
+    from amqpbroker.core.placement import SlotMap, partition_members
+    slots = SlotMap(owners, frozenset(owners), partitioned={f"amq.topic/{topic}": 2})
+    return [(address[len("amq.topic/"):], node) for address, node in
+            partition_members(f"amq.topic/{topic}", 2, slots)]
+
+
 def rotate(items: list, rep: int) -> list:
     """The variants in a different order each repeat (no variant always first)."""
     k = rep % len(items)
@@ -165,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("--bin", default=str(ROOT / ".venv" / "bin" / "amqpbroker"), help="this tree's amqpbroker")
     ap.add_argument("--baseline-bin", help="another amqpbroker (e.g. main's) for the single-node comparison")
-    ap.add_argument("--scenarios", default="queues,forwarded,single")
+    ap.add_argument("--scenarios", default="queues,forwarded,partitioned,single")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     if not LOADGEN.exists():
@@ -189,6 +226,10 @@ def main(argv: list[str] | None = None) -> int:
         started.append(alone)
         two = Server(args.bin, workers=2, name="workers2")
         started.append(two)
+        parts = (Server(args.bin, workers=2, name="partitioned", config=PARTITIONED_CONFIG)
+                 if "partitioned" in scenarios else None)
+        if parts:
+            started.append(parts)
         base = Server(args.baseline_bin, name="baseline") if "single" in scenarios else None
         if base:
             started.append(base)
@@ -216,6 +257,19 @@ def main(argv: list[str] | None = None) -> int:
                     for n in pids:
                         cpu.setdefault(f"{name} {n}", []).append((after[n] - before[n]) / CLK * 1e6 / got)
                     record(name, result)
+            if parts is not None:
+                members = member_nodes(PARTITIONED_TOPIC, owners)
+                variants = [
+                    ("partitioned: one node", lambda: [shared_sub_cmd(alone.port, PARTITIONED_TOPIC + "-1",
+                                                                      args.messages, args.size, args.timeout)]),
+                    ("partitioned: logical", lambda: [shared_sub_cmd(parts.port, PARTITIONED_TOPIC,
+                                                                     args.messages, args.size, args.timeout)]),
+                    ("partitioned: members", lambda: [shared_sub_cmd(parts.nodes[node], member, args.messages // 2,
+                                                                     args.size, args.timeout, 2, 2)
+                                                      for member, node in members]),
+                ]
+                for name, cmds in rotate(variants, rep):
+                    record(name, run_loadgens(cmds(), args.timeout))
             if base is not None:
                 for name, server in rotate([("single: baseline", base), ("single: this tree", alone)], rep):
                     record(name, run_loadgens([loadgen_cmd(server.port, f"bench-p2p-{uuid.uuid4().hex[:8]}",
@@ -235,6 +289,10 @@ def main(argv: list[str] | None = None) -> int:
     if "forwarded: direct (n1)" in rows:
         d = med(rows["forwarded: direct (n1)"])
         ratios.append(("forwarded: through n0 / direct", med(rows["forwarded: through n0"]) / d if d else 0, 0.5))
+    if "partitioned: one node" in rows:
+        one = med(rows["partitioned: one node"])
+        for v in ("partitioned: logical", "partitioned: members"):
+            ratios.append((f"{v} / one node", med(rows[v]) / one if one else 0, 1.5))
     if "single: baseline" in rows:
         b = med(rows["single: baseline"])
         ratios.append(("single: this tree / baseline", med(rows["single: this tree"]) / b if b else 0, 1.0))
