@@ -25,7 +25,7 @@ import logging
 from typing import Any
 
 from cproton import ffi, lib
-from proton import Condition, Link, Terminus
+from proton import Condition, Link
 
 from ..core.placement import UNAVAILABLE
 from ..core.settlement import LinkEnding

@@ -41,6 +41,7 @@ _TRANSPORT_CLOSED = lib.PN_TRANSPORT_CLOSED
 _TRANSPORT_ERROR = lib.PN_TRANSPORT_ERROR
 # A silent owner (a machine gone without a reset) is noticed in about this long.
 IDLE_TIMEOUT = 16.0
+HANDSHAKE_TIMEOUT = 10.0
 ESTABLISHMENT_FAILED = symbol("amqp:connection-establishment-failed")
 
 
@@ -115,6 +116,15 @@ class PeerConnection(asyncio.Protocol):
         self.sock = sock  # type: ignore[assignment]
         if self.closed:
             sock.abort()
+            return
+        # A node that accepts but never answers (stopped, SIGSTOP): given up on like
+        # one that refuses; after the handshake the transport's idle timeout watches.
+        self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_overdue)
+
+    def _handshake_overdue(self) -> None:
+        if self._handshake is not None and not self.closed:
+            self._lost(Condition("amqpbroker:resource-unavailable",
+                                 f"node {self.node} did not answer within {HANDSHAKE_TIMEOUT:.0f} s"))
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
