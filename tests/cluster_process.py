@@ -174,7 +174,7 @@ class ZkCluster:
     def member_config(self, node: str) -> str:
         nodes = ", ".join(f'"{n}"' for n in self.node_names)
         return (self.config_text + "\n[cluster]\n"
-                f'zookeeper = "{self.zk.hosts}"\nzookeeper_session_timeout = 2.0\nname = "{self.name}"\n'
+                f'zookeeper = "{self.zk.hosts}"\nzookeeper_session_timeout = 4.0\nname = "{self.name}"\n'
                 f'node_id = "{node}"\nnodes = [{nodes}]\nweights = {self.weights}\nlisten_port = 0\n'
                 f'secret = "{self.SECRET}"\n')
 

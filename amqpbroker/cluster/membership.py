@@ -13,8 +13,10 @@ Layout under /amqpbroker-cluster/<name>:
                second process with the same node name waits until the first is gone:
                no slot is ever served by two processes.
 
-While its session is in doubt (SUSPENDED) or lost, a node serves nothing new (every
-attach is refused unavailable) until it holds its live znode again.  No consensus is
+While its session is in doubt (SUSPENDED) a node goes on for one session timeout (no
+other process can take its live znode before the session expires), then, and as soon
+as the session is lost, it serves nothing new (every attach is refused unavailable)
+until it holds its live znode again.  No consensus is
 made here: ZooKeeper's create-if-absent, ephemeral nodes and versions do it all.
 
 kazoo runs its own threads; every blocking call runs in the loop's default executor and
@@ -57,6 +59,7 @@ class Membership:
         self.client.add_listener(self._listener)
         self._stopping = False
         self._taking = False
+        self._fence_timer: asyncio.TimerHandle | None = None
 
     async def _call(self, fn: Callable, *args: Any) -> Any:
         return await self.loop.run_in_executor(None, fn, *args)
@@ -75,18 +78,33 @@ class Membership:
         if state == self.session or self._stopping:
             return
         previous, self.session = self.session, state
+        if self._fence_timer is not None:
+            self._fence_timer.cancel()
+            self._fence_timer = None
+        if state == "SUSPENDED":
+            # In doubt: our live znode lasts as long as the session, which ZooKeeper
+            # keeps for a session timeout without us; until then no other process of our
+            # name can take it, so we go on, and stop serving once that time has passed.
+            log.warning("cluster: ZooKeeper session SUSPENDED: node %s stops serving in %.1f s unless it is back",
+                        self.cfg.node_id, self.cfg.zookeeper_session_timeout)
+            self._fence_timer = self.loop.call_later(self.cfg.zookeeper_session_timeout, self._fence,
+                                                     "no ZooKeeper for a session timeout")
+            return
         if state != "CONNECTED":
-            log.warning("cluster: ZooKeeper session %s: node %s serves nothing new until it is back", state,
-                        self.cfg.node_id)
-            if state == "LOST":
-                self.holding = False
-            self.on_serving(False)
+            self.holding = False
+            self._fence(f"ZooKeeper session {state}")
             return
         log.info("cluster: ZooKeeper session CONNECTED (was %s)", previous)
         if self.holding:
             self.on_serving(True)         # the same session: our live znode is still ours
         else:
             self.loop.create_task(self._take_live())   # a new session: take it again
+
+    def _fence(self, why: str) -> None:
+        self._fence_timer = None
+        log.warning("cluster: node %s serves nothing new until it holds its live node again (%s)",
+                    self.cfg.node_id, why)
+        self.on_serving(False)
 
     async def stop(self) -> None:
         """Closing the session deletes our live znode at once: our slots are known to

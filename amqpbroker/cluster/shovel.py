@@ -10,8 +10,9 @@ link consumer) that sends each message, as its raw bytes, on a producer link to 
 owner, and takes it out of the local queue only when the owner has answered Accepted
 (its commit included): at least once, never lost (a crash between the owner's accept
 and the local removal sends it again).  Misplaced queues are known from the moment
-they are declared (a broker hook) and looked at once a second; a shovel stops once its
-queue has been empty for a while.
+they are declared (a broker hook) and get their shovel then; a shovel that stopped (its
+owner away or refusing) starts again at the next look (once a second) while its queue
+holds messages.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ log = logging.getLogger("amqpbroker.cluster")
 
 WINDOW = 256          # messages a shovel has in flight at most
 CHECK_INTERVAL = 1.0  # seconds between looks at misplaced queues
-IDLE_STOP = 10.0      # seconds of an empty queue before its shovel stops
 SUBSCRIPTION_PREFIX = "qpidsub_/"
 _ids = itertools.count(1 << 61)
 
@@ -71,7 +71,6 @@ class ShovelLink:
         self.tags = Tags()
         self.open = False
         self.stopped = False
-        self.idle_since: float | None = None
         self.moved = 0
 
     def start(self) -> None:
@@ -188,32 +187,36 @@ class Shovels:
         self.timer = self.server.loop.call_later(CHECK_INTERVAL, self.look)
 
     def declared(self, queue: Any) -> None:
+        """A queue appeared here (recovered, configured, or named into being by a dead
+        letter): if another node owns it, a shovel is attached at once, so what lands
+        in it goes on without waiting for a look."""
         owner = misplaced_owner(queue.name, self.node, self.router.slots, self.router.exchanges)
         if owner is not None:
             self.misplaced[queue.name] = owner
+            self.server.loop.call_soon(self._ensure, queue.name)
+
+    def _ensure(self, name: str) -> None:
+        owner = self.misplaced.get(name)
+        queue = self.server.broker.queues.get(name)
+        if owner is None or queue is None or name in self.active or not self.router.slots.available(owner):
+            return
+        link = self.active[name] = ShovelLink(self, queue, owner)
+        link.start()
 
     def look(self) -> None:
-        """Once a second: a shovel for each misplaced queue holding messages."""
+        """Once a second: a shovel again for each misplaced queue whose shovel stopped
+        (its owner away, or refusing), and queues that are gone forgotten."""
         self.timer = self.server.loop.call_later(CHECK_INTERVAL, self.look)
         queues = self.server.broker.queues
-        now = self.server.loop.time()
-        for name, owner in list(self.misplaced.items()):
-            queue = queues.get(name)
-            if queue is None:
+        for name in list(self.misplaced):
+            if name not in queues:
                 del self.misplaced[name]
+                link = self.active.get(name)
+                if link is not None:
+                    link.stop()
                 continue
-            link = self.active.get(name)
-            if link is None:
-                if queue.ready_count() and self.router.slots.available(owner):
-                    link = self.active[name] = ShovelLink(self, queue, owner)
-                    link.start()
-                continue
-            if queue.depth() or link.inflight:
-                link.idle_since = None
-            elif link.idle_since is None:
-                link.idle_since = now
-            elif now - link.idle_since > IDLE_STOP:
-                link.stop()
+            if name not in self.active and queues[name].ready_count():
+                self._ensure(name)
 
     def stopped(self, link: ShovelLink) -> None:
         self.moved_total += link.moved
