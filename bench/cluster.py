@@ -29,7 +29,9 @@ the same cores as the brokers, as in the other benches.
             aggregate msgs/s and the ratio to one node (target >= 1.5x).
 4. single   (with --baseline-bin BIN) p2p on one broker run from BIN (e.g. the main
             branch's .venv/bin/amqpbroker) against this tree's: the single-node broker
-            must not be slower.
+            must not be slower.  Start both the same way (each venv's console script):
+            a broker started with `python -S` ran about 5 % faster here than the same
+            code through the console script.
 
     .venv/bin/python bench/cluster.py --messages 100000 --repeat 3 --baseline-bin /path/to/main/.venv/bin/amqpbroker
 
