@@ -61,7 +61,11 @@ class ClusterProcess:
         self.proc = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      text=True, env=env, start_new_session=True)
         threading.Thread(target=follow_log, args=(self, self.proc), daemon=True).start()
-        self.wait_nodes(timeout)
+        try:
+            self.wait_nodes(timeout)
+        except BaseException:
+            self.stop()   # nothing left running behind a failed start
+            raise
         return self
 
     def nodes(self) -> dict[str, int]:
@@ -179,6 +183,13 @@ class ZkCluster:
                 f'secret = "{self.SECRET}"\n')
 
     def start(self) -> "ZkCluster":
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()   # nothing left running behind a failed start (or a skip)
+            raise
+
+    def _start(self) -> "ZkCluster":
         from tests.broker_process import BrokerProcess
         from tests.e2e.ha_harness import ZooKeeper, zookeeper_jar
         zookeeper_jar()   # skips (or fails under CI) when ZooKeeper cannot be had

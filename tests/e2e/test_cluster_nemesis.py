@@ -69,8 +69,15 @@ class Producer(threading.Thread):
                         pass
 
 
-def test_nothing_acknowledged_is_lost_under_kills_and_pauses(tmp_path):
-    cl = ClusterProcess(tmp_path / "data").start()
+@pytest.fixture
+def cluster(tmp_path):
+    proc = ClusterProcess(tmp_path / "data")
+    yield proc
+    proc.stop()   # whatever happened to the test
+
+
+def test_nothing_acknowledged_is_lost_under_kills_and_pauses(cluster):
+    cl = cluster.start()
     owners = cl.owners
     queues = {}
     for node in ("n1", "n2"):
@@ -113,21 +120,18 @@ def test_nothing_acknowledged_is_lost_under_kills_and_pauses(tmp_path):
             p.stop.set()
         for p in producers:
             p.join(30)
-    try:
-        found: dict[str, list[int]] = {p.name_: [] for p in producers}
-        for node, q in queues.items():
-            conn = connect(cl.node_url(node))
-            try:
-                for name, n in drain_bodies(conn, receiver(conn, q, credit=1000), timeout=2.0):
-                    found[name].append(n)
-            finally:
-                conn.close()
-        lost = {p.name_: sorted(set(p.acked) - set(found[p.name_])) for p in producers}
-        assert all(not v for v in lost.values()), f"lost after {done_faults}: {lost}"
-        assert all(p.acked for p in producers), "every producer got through"
-        assert len(done_faults) == FAULTS
-        duplicates = sum(len(v) - len(set(v)) for v in found.values())
-        print(f"faults {done_faults}; acknowledged {sum(len(p.acked) for p in producers)}; "
-              f"duplicates {duplicates}; producer reconnects {[p.errors for p in producers]}")
-    finally:
-        cl.stop()
+    found: dict[str, list[int]] = {p.name_: [] for p in producers}
+    for node, q in queues.items():
+        conn = connect(cl.node_url(node))
+        try:
+            for name, n in drain_bodies(conn, receiver(conn, q, credit=1000), timeout=2.0):
+                found[name].append(n)
+        finally:
+            conn.close()
+    lost = {p.name_: sorted(set(p.acked) - set(found[p.name_])) for p in producers}
+    assert all(not v for v in lost.values()), f"lost after {done_faults}: {lost}"
+    assert all(p.acked for p in producers), "every producer got through"
+    assert len(done_faults) == FAULTS
+    duplicates = sum(len(v) - len(set(v)) for v in found.values())
+    print(f"faults {done_faults}; acknowledged {sum(len(p.acked) for p in producers)}; "
+          f"duplicates {duplicates}; producer reconnects {[p.errors for p in producers]}")
