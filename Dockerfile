@@ -17,6 +17,7 @@ RUN if ! ldconfig -p | grep -q 'libsasl2.so.2' || ! ldconfig -p | grep -q 'libss
 
 COPY wheelhouse /tmp/wheelhouse
 # EXTRAS="[ha]" adds kazoo for a replicated pair (compose profile `ha`, docs/ha.md;
+# EXTRAS="[cluster]" the same for the compose profile `cluster`, docs/cluster.md;
 # the wheelhouse must then hold kazoo's wheel too).
 ARG EXTRAS=""
 RUN python3 -m venv /opt/amqpbroker \

@@ -27,6 +27,14 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="AMQP port (default 5672; 0 picks a free port)")
     serve.add_argument("--data-dir", type=Path, help="data directory (default ./data)")
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--workers", default="1",
+                       help="broker nodes on this machine sharing the port, each with its own store in "
+                            "DATA_DIR/node-K (N or auto = cores; default 1: one broker, no cluster); "
+                            "docs/cluster.md")
+    serve.add_argument("--worker-weights", help="slots each worker owns, in proportion (e.g. 0,1,1: the "
+                                                "first owns nothing and only forwards)")
+    serve.add_argument("--worker", type=int, help=argparse.SUPPRESS)        # set by the supervisor
+    serve.add_argument("--worker-spec", type=Path, help=argparse.SUPPRESS)
     hp = sub.add_parser("hash-password", help="print a salted SCRAM-SHA-256 hash for a user's password")
     hp.add_argument("password", nargs="?", help="the password (prompted for when omitted)")
     sub.add_parser("admin", help="manage a running broker over its management API "
@@ -37,6 +45,8 @@ def _parser() -> argparse.ArgumentParser:
     add_parsers(sub)                                   # send, receive
     sub.add_parser("config", help="check a configuration file, print the configuration reference "
                                   "(see `amqpbroker config --help`)", add_help=False)
+    sub.add_parser("cluster", help="look at a cluster: `amqpbroker cluster status` (docs/cluster.md)",
+                   add_help=False)
     return p
 
 
@@ -45,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["admin"]:
         from .management.cli import main as admin_main
         return admin_main(argv[1:])
+    if argv[:1] == ["cluster"]:
+        from .cluster.cli import main as cluster_main
+        return cluster_main(argv[1:])
     if argv[:1] == ["store"]:
         from .store.tool import main as store_main
         return store_main(argv[1:])
@@ -66,13 +79,46 @@ def main(argv: list[str] | None = None) -> int:
         for line in exc.problems:             # one line each, naming the key
             print(f"amqpbroker: {line}", file=sys.stderr)
         return 2
+    if args.worker is None and args.workers != "1" and settings.cluster is not None \
+            and settings.cluster.zookeeper is not None:
+        print("amqpbroker: --workers and [cluster] do not go together yet (docs/cluster.md)", file=sys.stderr)
+        return 2
+    if args.worker is None and args.workers != "1":   # serve --workers N (docs/cluster.md)
+        from .cluster.workers import supervise, worker_count
+        try:
+            count = worker_count(args.workers)
+        except ValueError as exc:
+            print(f"amqpbroker: {exc}", file=sys.stderr)
+            return 2
+        if count > 1:
+            return supervise(settings, count, args.worker_weights, _without_workers(argv))
     # A reload reads the same file with the same command-line flags.
-    return serve(settings, config_file=args.config, overrides=overrides)
+    return serve(settings, config_file=args.config, overrides=overrides,
+                 worker=(args.worker, args.worker_spec) if args.worker is not None else None)
 
 
-def serve(settings: Settings, *, config_file: Path | None = None, overrides: dict | None = None) -> int:
+def _without_workers(argv: list[str]) -> list[str]:
+    """The serve command line a worker gets: the same, minus the supervisor's options."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg in ("--workers", "--worker-weights"):
+            skip = True
+            continue
+        if arg.startswith(("--workers=", "--worker-weights=")):
+            continue
+        out.append(arg)
+    return out
+
+
+def serve(settings: Settings, *, config_file: Path | None = None, overrides: dict | None = None,
+          worker: tuple[int, Path] | None = None) -> int:
+    # The workers of `serve --workers N` share the supervisor's stderr: each line names its node.
+    node = f"[n{worker[0]}] " if worker is not None else ""
     logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+                        format=f"%(asctime)s %(levelname)s {node}%(name)s: %(message)s")
     from .config_help import unknown_environment
     for line in unknown_environment(Settings, os.environ):   # AMQPBROKER_* names that set nothing
         log.warning("%s", line)
@@ -83,6 +129,10 @@ def serve(settings: Settings, *, config_file: Path | None = None, overrides: dic
         loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     try:
+        if worker is not None:   # one node of `serve --workers N` (cluster/workers.py)
+            from .cluster.node import WorkerSpec, run_worker
+            spec = WorkerSpec.read(worker[1])
+            return loop.run_until_complete(run_worker(settings, loop, spec, worker[0], config_file, overrides))
         return loop.run_until_complete(_run(settings, loop, config_file, overrides))
     finally:
         loop.close()
@@ -100,6 +150,16 @@ def tune_gc() -> None:
 
 async def _run(settings: Settings, loop: asyncio.AbstractEventLoop, config_file: Path | None = None,
                overrides: dict | None = None) -> int:
+    if settings.cluster is not None and settings.cluster.zookeeper is None:
+        log.error("cannot start: [cluster] without zookeeper holds options of `serve --workers N` "
+                  "(docs/cluster.md)")
+        return 2
+    if settings.cluster is not None:   # one node of a cluster (docs/cluster.md): nothing of it loads otherwise
+        if settings.ha is not None:
+            log.error("cannot start: [cluster] with [ha] is not supported yet (docs/cluster.md)")
+            return 2
+        from .cluster.node import run_member
+        return await run_member(settings, loop, config_file, overrides)
     if settings.ha is not None:   # a replicated pair (docs/ha.md): nothing of it loads otherwise
         from .ha.node import run_node
         return await run_node(settings, loop, config_file, overrides)

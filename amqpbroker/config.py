@@ -205,6 +205,69 @@ class HaConfig(BaseModel):
     backup_timeout: float = Field(5.0, gt=0)
 
 
+class PartitionedDecl(StrictModel):
+    """A `[[cluster.partitioned]]` destination: `members` normal destinations
+    (`<address>.p0` …), each owned by another node (docs/cluster.md)."""
+    address: str = Field(min_length=1, description="the queue, or the topic with `topic = true`")
+    members: int = Field(ge=2, le=64, description="how many members (at most the nodes that own slots)")
+    topic: bool = Field(False, description="a topic (amq.topic/<address>), not a queue")
+
+
+class ClusterConfig(StrictModel):
+    """`[cluster]`: this broker is a node of a cluster (docs/cluster.md): every queue,
+    topic and subscription is owned by one node, and a client of any node reaches them
+    all.  With `zookeeper`: one node of a cluster of machines (the slot map and who is
+    live kept in ZooKeeper); without it, options of `serve --workers N` (one machine).
+    Without this section and without --workers, nothing of the cluster is loaded."""
+
+    zookeeper: str | None = Field(None, description='ZooKeeper ensemble, "host:port[,host:port...]"; '
+                                  "None: the options of serve --workers")
+    zookeeper_session_timeout: float = Field(10.0, ge=1.0, description="seconds; a dead node's slots are "
+                                             "unavailable after about this long")
+    name: str = Field("default", pattern=r"^[A-Za-z0-9_.-]+$",
+                      description="the cluster's name: /amqpbroker-cluster/<name> in ZooKeeper")
+    node_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_-]+$", description="this node's name (one of `nodes`)")
+    nodes: list[str] = Field([], description="every node of the cluster, the same list on each (the slot map "
+                             "is made from it when the cluster first starts)")
+    weights: dict[str, int] = Field({}, description="slots per node in proportion (default 1; 0: the node "
+                                    "owns nothing and only forwards)")
+    slots: int = Field(256, ge=1, le=16384, description="slots of the map (fixed once the cluster exists)")
+    pinned_exchanges: list[str] = Field([], description="exchanges owned whole by one node (their topics "
+                                        "are not spread; wildcard subscriptions allowed)")
+    partitioned: list[PartitionedDecl] = Field([], description="partitioned destinations")
+    redirect: bool = Field(False, description="answer a client's open with amqp:connection:redirect to the "
+                           "node that owns its client-id (for failover: clients), never mid-connection")
+    listen_host: str = Field("127.0.0.1", description="where this node listens for the other nodes")
+    listen_port: int = Field(5680, ge=0, le=65535, description="0: a free port")
+    advertised: str | None = Field(None, description='"host:port" the other nodes connect to '
+                                   "(default: listen_host:port as bound)")
+    secret: str | None = Field(None, min_length=16, description="every node proves it (HMAC) before any "
+                               "AMQP frame (with zookeeper; the workers of one machine make their own)")
+
+    @model_validator(mode="after")
+    def _member(self) -> "ClusterConfig":
+        if self.zookeeper is None:
+            if self.node_id or self.nodes or self.weights or self.secret:
+                raise ValueError("node_id, nodes, weights and secret go with zookeeper (a cluster of machines)")
+            return self
+        if self.node_id is None or self.secret is None or not self.nodes:
+            raise ValueError("with zookeeper, node_id, nodes and secret are needed")
+        if self.node_id not in self.nodes:
+            raise ValueError(f"node_id '{self.node_id}' is not one of nodes {self.nodes}")
+        if len(set(self.nodes)) != len(self.nodes):
+            raise ValueError("nodes must not repeat a name")
+        unknown = set(self.weights) - set(self.nodes)
+        if unknown:
+            raise ValueError(f"weights name nodes that are not in nodes: {sorted(unknown)}")
+        owning = sum(1 for n in self.nodes if self.weights.get(n, 1))
+        if not owning:
+            raise ValueError("at least one node must own slots (every weight is 0)")
+        too_many = [p.address for p in self.partitioned if p.members > owning]
+        if too_many:
+            raise ValueError(f"partitioned {too_many}: more members than nodes that own slots ({owning})")
+        return self
+
+
 class ExchangeDecl(StrictModel):
     name: str
     type: Literal["direct", "topic", "fanout"] = "topic"
@@ -374,6 +437,7 @@ class Settings(BaseSettings):
     acl: list[AclRuleDecl] = []
     anonymous: AnonymousDecl | None = None                   # permissions of the anonymous user
     ha: HaConfig | None = None                               # a replicated pair (docs/ha.md); None: alone
+    cluster: ClusterConfig | None = None                     # one node of a cluster (docs/cluster.md)
 
     @field_validator("log_level", mode="before")
     @classmethod

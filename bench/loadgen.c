@@ -85,6 +85,7 @@ static struct {
   const char *user, *password;
   const char *address;
   const char *recv_address; /* defaults to address */
+  const char *shared_sub;   /* --shared-sub NAME: receivers share one subscription (JMS shared consumer) */
   uint64_t messages;
   size_t size;
   int senders, receivers;
@@ -389,9 +390,22 @@ static void open_link(conn_ctx_t *c) {
     pn_link_open(l);
     c->link = l;
   } else {
-    snprintf(name, sizeof name, "loadgen-receiver-%d", c->idx);
+    if (g.shared_sub) /* Qpid JMS's name for a shared non-durable consumer without a client-id */
+      snprintf(name, sizeof name, "%s|global-volatile1", g.shared_sub);
+    else
+      snprintf(name, sizeof name, "loadgen-receiver-%d", c->idx);
     pn_link_t *l = pn_receiver(s, name);
     pn_terminus_set_address(pn_link_source(l), g.recv_address);
+    if (g.shared_sub) {
+      pn_data_t *caps = pn_terminus_capabilities(pn_link_source(l));
+      pn_data_put_array(caps, false, PN_SYMBOL);
+      pn_data_enter(caps);
+      pn_data_put_symbol(caps, pn_bytes(5, "topic"));
+      pn_data_put_symbol(caps, pn_bytes(6, "shared"));
+      pn_data_put_symbol(caps, pn_bytes(6, "global"));
+      pn_data_exit(caps);
+      pn_terminus_set_expiry_policy(pn_link_source(l), PN_EXPIRE_WITH_LINK);
+    }
     if (g.terminus_durable) pn_terminus_set_durability(pn_link_source(l), PN_CONFIGURATION);
     pn_link_set_snd_settle_mode(l, PN_SND_UNSETTLED);
     pn_link_set_rcv_settle_mode(l, PN_RCV_FIRST);
@@ -617,6 +631,8 @@ static void usage(const char *prog) {
           "  --drain-backlog         messages sent by an earlier run (\"foreign\") count as\n"
           "                          deliveries (receivers drain a backlog while senders add)\n"
           "  --latency-trace FILE    write \"send_ms latency_ms\" per first delivery\n"
+          "  --shared-sub NAME       receivers share one subscription of the topic --recv-address\n"
+          "                          (Qpid JMS shared consumer, no client-id: NAME|global-volatile1)\n"
           "  --verbose\n",
           prog, HDR_LEN);
 }
@@ -745,6 +761,7 @@ int main(int argc, char **argv) {
       {"verbose", no_argument, 0, 'v'},         {"help", no_argument, 0, 'h'},
       {"drain-backlog", no_argument, 0, 'B'},
       {"latency-trace", required_argument, 0, 'L'},
+      {"shared-sub", required_argument, 0, 'H'},
       {0, 0, 0, 0}};
   int o;
   while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -770,6 +787,7 @@ int main(int argc, char **argv) {
     case 'v': g.verbose = true; break;
     case 'B': g.drain_backlog = true; break;
     case 'L': g.trace_path = optarg; break;
+    case 'H': g.shared_sub = optarg; break;
     case 'h': usage(argv[0]); return 0;
     default: usage(argv[0]); return 2;
     }

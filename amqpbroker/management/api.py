@@ -32,6 +32,7 @@ from .admin import AdminError
 from .auth import Principal
 from .docs_ui import add_api_docs
 from .expiry import parse_duration
+from .cluster import cluster_view
 from .ha import ha_view
 from .exposition import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .listing import DEFAULT_LIMIT, MAX_LIMIT, next_link
@@ -383,6 +384,12 @@ def build_app(ops: "Operations") -> FastAPI:
              summary="The HA pair: role, status, activation, ZooKeeper session, backup and replication lag")
     async def get_ha(principal: Principal = auth) -> dict:
         return ha_view(admin.managed)
+
+    @app.get("/api/cluster", tags=["broker"],
+             summary="The cluster as this node sees it: nodes, live or not, slots, the map's epoch, "
+                     "forwarded links and what waits on other nodes")
+    async def get_cluster(principal: Principal = auth) -> dict:
+        return cluster_view(admin.managed)
 
     @app.put("/api/alarms", response_model=AlarmsOut, tags=["broker"],
              summary="Change the alarm thresholds at run time (as rabbitmqctl set_vm_memory_high_watermark / "

@@ -145,6 +145,9 @@ class ManagedBroker(Protocol):
     @property
     def ha(self) -> Any: ...                                 # the HA pair's node (describe()), None alone
 
+    @property
+    def cluster(self) -> Any: ...                            # the cluster's router (describe()), None alone
+
     def forget_link(self, handler: Any, link: Any) -> None: ...   # a link the admin detached
 
     async def reload_config(self, who: str, allow_open: bool = False) -> dict: ...   # live reload; ValueError: nothing changed

@@ -31,6 +31,7 @@ from .alarm_watch import AlarmWatch
 from .engine import AmqpProtocol
 from .flow import FlowGate
 from .peer_fields import symbols
+from .ports import ClusterPort
 from .resources import ResourceWatch
 from .refusal import AttachRefused
 from .reload import ConfigReloader
@@ -113,6 +114,10 @@ class BrokerServer:
                                       al.check_interval)
         self.flow = FlowGate(self.loop, self.broker, self.alarms, self.transactions)   # producers' credit
         self.ha: Any = None   # with [ha]: the pair's node (amqpbroker/ha/node.py), for management
+        # In a cluster (amqpbroker/cluster): forwarding to the nodes that own other
+        # addresses (server/ports.py ClusterPort); None alone, and nothing of it loads.
+        self.cluster: ClusterPort | None = None
+        self.reuse_port = False   # SO_REUSEPORT on the AMQP listeners (serve --workers)
         from ..management.service import Operations
         self.operations = Operations(self)                  # management API, metrics, expiry policy
         # Live reload of users, ACLs, expiry policies, queue limits (SIGHUP, POST /api/reload).
@@ -195,7 +200,7 @@ class BrokerServer:
             self.listeners.append(self._websocket_listener(s.websocket))
         for lst in self.listeners:
             lst.server = await self.loop.create_server(self._protocol_factory(lst), lst.host, lst.port,
-                                                       reuse_address=True)
+                                                       reuse_address=True, reuse_port=self.reuse_port or None)
             sock = lst.server.sockets[0].getsockname()
             lst.port = sock[1]
             log.info("%s listening on %s:%d (SASL %s)", lst.name, lst.host, lst.port,

@@ -33,8 +33,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("amqpbroker.attach")
 
 
-def temp_name(kind: str) -> str:
-    """Addresses of temporary nodes: unguessable, and recognisable in listings."""
+def temp_name(kind: str, cluster: Any = None) -> str:
+    """Addresses of temporary nodes: unguessable, and recognisable in listings; in a
+    cluster they name the node that holds them (core/placement.py temp_node)."""
+    if cluster is not None:
+        return f"{TEMP_PREFIX}{kind}.{cluster.node}.{uuid.uuid4().hex}"
     return f"{TEMP_PREFIX}{kind}.{uuid.uuid4().hex}"
 
 
@@ -101,7 +104,7 @@ class ConsumerAttacher:
     def _attach_dynamic(self, link: Link, source: SourceTerms, selector: Any) -> LinkConsumer:
         """A dynamic source (AMQP 1.0 §3.5.3; a reply queue): a fresh queue that
         lives as long as this link (or its connection)."""
-        name = temp_name("queue")
+        name = temp_name("queue", self.server.cluster)
         self.broker.declare_temporary(name, self.handler)
         queue = self.broker.queues[name]
         queue.owner = self.handler   # deleted with the connection (and with this link)

@@ -75,6 +75,9 @@ class Coordinator(Producer):
                                                           f"unknown coordinator request {kind!r}"))
 
     def _discharge(self, dlv: Any, txn_id: Any, fail: bool) -> None:
+        cluster = self.handler.server.cluster
+        if cluster is not None and cluster.discharge(self, dlv, txn_id, fail):
+            return   # its work went to another node (amqpbroker/cluster/txn.py): discharged there
         try:
             txn = self.txns.take(txn_id if txn_id is not None else b"")
         except TransactionError as exc:

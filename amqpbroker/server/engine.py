@@ -104,6 +104,7 @@ class AmqpProtocol(asyncio.Protocol):
         self.handshake_slot: Any = None
         self._answer_timed = False              # the attempt's user name took its throttle turn
         self._held_answer: bytes | None = None  # a SASL outcome waiting for that turn
+        self.events_paused = False              # the open waits for another node (pause_events)
 
     # ------------------------------------------------------------------ socket events
 
@@ -348,6 +349,8 @@ class AmqpProtocol(asyncio.Protocol):
         """Pop every collector event.  Deliveries and flow (the per-message events)
         go to the handler as raw pointers; engine bookkeeping events are skipped
         without building Python wrappers; the rest are wrapped and dispatched."""
+        if self.events_paused:
+            return
         coll = self.collector._impl
         handler = self.handler
         peek, pop, etype = lib.pn_collector_peek, lib.pn_collector_pop, lib.pn_event_type
@@ -364,12 +367,27 @@ class AmqpProtocol(asyncio.Protocol):
                     handler.on_link_flow_raw(lib.pn_event_link(ev))
                 elif t not in _SKIPPED:
                     handler.dispatch(Event.wrap(ev))
+                    if self.events_paused:   # the open waits (pause_events): the rest waits too
+                        pop(coll)
+                        break
             except Exception:
                 log.exception("connection %s: error handling event %d", self.peer, t)
                 handler.internal_error()
             pop(coll)
             ev = peek(coll)
         self.mark_dirty()
+
+    def pause_events(self) -> None:
+        """Handle no more engine events until resume_events (the AMQP open waits for
+        another node's answer in a cluster: the client's next frames must not be
+        handled before it).  Input still goes into the engine, where it waits."""
+        self.events_paused = True
+
+    def resume_events(self) -> None:
+        self.events_paused = False
+        if self.collector is not None:
+            self._process()
+            self.mark_dirty()
 
     def stop_reading(self, last_words: bytes = b"") -> None:
         """A protocol violation: read nothing more, close once the output is written

@@ -120,14 +120,32 @@ class ConnectionHandler:
         conn.offered_capabilities = OFFERED_CAPABILITIES
         conn.properties = {symbol("product"): PRODUCT, symbol("version"): __version__}
         refusal = self.server.admit(self)
+        cluster = self.server.cluster
+        if refusal is None and cluster is not None and cluster.claims(self):
+            # Another node grants this client-id (sole-connection-for-container across
+            # the cluster): answered once it has; the frames after the open wait.
+            self.protocol.pause_events()
+            cluster.claim(self, self._claimed)
+            return
+        self._answer_open(refusal)
+
+    def _claimed(self, refusal: tuple | None) -> None:
+        if self.ended or self.protocol.closed:
+            return
+        self._answer_open(refusal)
+        self.protocol.resume_events()
+
+    def _answer_open(self, refusal: tuple | None) -> None:
+        conn = self.conn
         if refusal is not None:
-            condition, description, clash = refusal
+            # (condition, description, clash[, info]): info of a cluster's redirect
+            condition, description, clash, *extra = refusal
             if clash:
                 # The shape Qpid JMS turns into InvalidClientIDException.
                 conn.properties = {symbol("amqp:connection-establishment-failed"): True}
                 info = {symbol("invalid-field"): symbol("container-id")}
             else:
-                info = None
+                info = extra[0] if extra else None
             conn.open()
             conn.condition = Condition(condition, description, info)
             conn.close()
@@ -210,6 +228,8 @@ class ConnectionHandler:
             self.server.subscriptions.delete(sub)
         for queue in list(self.broker.queues_owned_by(self)):
             self.broker.delete_queue(queue.name)
+        if self.server.cluster is not None:
+            self.server.cluster.connection_ended(self, ending)
         if self.opened:
             self.server.unregister(self)
             log.info("connection closed: %s container=%s (%s)", self.protocol.peer, self.container_id, why)
@@ -265,6 +285,8 @@ class ConnectionHandler:
             self.server.subscriptions.delete(sub)
         for queue in list(self.broker.queues_owned_by(session_key(session))):
             self.broker.delete_queue(queue.name)
+        if self.server.cluster is not None:
+            self.server.cluster.session_ended(self, session)   # its sessions on other nodes end too
         if session.state & session.LOCAL_ACTIVE:
             self.sessions -= 1
             session.close()
@@ -286,6 +308,15 @@ class ConnectionHandler:
         link.max_message_size = self.server.settings.limits.max_message_size
         try:
             self._check_access(link)
+            cluster = self.server.cluster
+            if cluster is not None:
+                # Another node owns the address: the link is forwarded there
+                # (amqpbroker/cluster, through server/ports.py ClusterPort).
+                forwarded = cluster.attach(self, link)
+                if forwarded is not None:
+                    self.links += 1
+                    self.endpoints[link_key(link)] = forwarded
+                    return
             # Then steal (AMQP 1.0 §2.6.1), only from the same user: the previous
             # holder's consumer must be gone before the subscription table looks at
             # consumer counts.
@@ -343,12 +374,12 @@ class ConnectionHandler:
             # Qpid JMS createTemporaryQueue/Topic: a dynamic target names a new node
             # that lives until this link (or the connection) closes.
             if target.has("temporary-topic") or target.has("topic"):
-                name = temp_name("topic")
+                name = temp_name("topic", self.server.cluster)
                 self.broker.declare_temporary(name, self, topic=True)
                 temp_node = ("exchange", name)
                 resolution = Resolution(AddressKind.EXCHANGE, name, "")
             else:
-                name = temp_name("queue")
+                name = temp_name("queue", self.server.cluster)
                 self.broker.declare_temporary(name, self)
                 temp_node = ("queue", name)
                 resolution = Resolution(AddressKind.QUEUE, name)
@@ -392,6 +423,10 @@ class ConnectionHandler:
 
     def _link_detached(self, link: Link, *, closed: bool) -> None:
         endpoint = self.endpoints.pop(link_key(link), None)
+        if getattr(endpoint, "forwarded", False):
+            self.links -= 1
+            endpoint.detached(closed)   # answered once the owning node has answered
+            return
         self.server.forget_link(self, link)
         answer: Condition | None = None
         if endpoint is not None:
@@ -461,6 +496,9 @@ class ConnectionHandler:
         self.protocol.mark_dirty()
 
     def _release(self, endpoint: Any, *, closed: bool, ending: LinkEnding) -> Condition | None:
+        if getattr(endpoint, "forwarded", False):
+            endpoint.released(ending)
+            return None
         temp = getattr(endpoint, "temp_node", None)
         if temp is not None:
             endpoint.temp_node = None
@@ -531,6 +569,8 @@ class ConnectionHandler:
             endpoint.on_flow()
         elif endpoint is not None and endpoint.__class__ is RangeReader:
             endpoint.on_flow()
+        elif getattr(endpoint, "forwarded", False):
+            endpoint.on_flow()
 
     def on_delivery_raw(self, dlv: Any) -> None:
         link = lib.pn_delivery_link(dlv)
@@ -539,6 +579,9 @@ class ConnectionHandler:
             producer = self.settling.get(link) if self.settling else None
             if producer is not None and producer.holds(dlv):
                 return   # settled by drain_settlements when its commit comes, not before
+            cluster = self.server.cluster
+            if cluster is not None and cluster.late_delivery(self, link, dlv):
+                return   # a forwarded link's: passed on to the node that owns it
             self.ended_deliveries.on_delivery(dlv)
         else:
             endpoint.on_delivery(dlv)
@@ -564,6 +607,9 @@ class ConnectionHandler:
                     if denied is not None:
                         self._reject(producer, dlv, UNAUTHORIZED, denied)
                         return
+                cluster = self.server.cluster
+                if cluster is not None and cluster.relay(self, producer, dlv, msg):
+                    return   # another node owns it; settled with that node's outcome
                 target = self.broker.resolve_for_relay(msg)
                 # A relay transfer for a block queue without room waits, and so do the
                 # ones after it (server/flow.py).

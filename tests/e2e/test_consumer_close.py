@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from proton import Delivery, Message
 
-from tests.broker_process import BrokerProcess
+from tests.cluster_process import CLUSTER_KINDS, broker_or_cluster
 from tests.e2e.helpers_conn import RawClient
 from tests.e2e.helpers_delivery import (
     connection,
@@ -35,11 +35,10 @@ max_links_per_connection = 16
 """
 
 
-@pytest.fixture(scope="module")
-def jms_broker(tmp_path_factory):
-    proc = BrokerProcess(tmp_path_factory.mktemp("consumer-close") / "data", config=CONFIG).start()
-    yield proc
-    proc.stop()
+@pytest.fixture(scope="module", params=CLUSTER_KINDS)
+def jms_broker(request, tmp_path_factory):
+    """One broker, and a cluster whose client node owns nothing (every link forwarded)."""
+    yield from broker_or_cluster(request.param, tmp_path_factory, CONFIG, "consumer-close")
 
 
 def bodies_and_counts(broker, queue: str) -> list[tuple]:

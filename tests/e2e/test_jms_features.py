@@ -8,11 +8,18 @@ import pytest
 from proton import Message, Terminus, Timeout
 from proton.utils import LinkDetached
 
+from tests.cluster_process import CLUSTER_KINDS, broker_or_cluster
 from tests.client import SourceOptions, connect
 from tests.e2e.helpers_conn import RawClient
 from tests.e2e.jms_wire import JmsSession, dynamic_target_sender
 
 pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module", params=CLUSTER_KINDS)
+def broker(request, tmp_path_factory):
+    """One broker, and a cluster whose client node owns nothing (every link forwarded)."""
+    yield from broker_or_cluster(request.param, tmp_path_factory)
 
 
 def uniq(prefix: str) -> str:

@@ -12,6 +12,7 @@ import pytest
 from proton import Message, Timeout
 from proton.utils import LinkDetached
 
+from tests.cluster_process import CLUSTER_KINDS, broker_or_cluster
 from tests.client import connect, is_null_terminus, terminus_capabilities, terminus_filters
 from tests.e2e.jms_links import (
     close,
@@ -24,6 +25,12 @@ from tests.e2e.jms_links import (
 )
 
 pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module", params=CLUSTER_KINDS)
+def broker(request, tmp_path_factory):
+    """One broker, and a cluster whose client node owns nothing (every link forwarded)."""
+    yield from broker_or_cluster(request.param, tmp_path_factory)
 
 
 def uniq(prefix: str) -> str:

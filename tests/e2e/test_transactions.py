@@ -8,10 +8,17 @@ import pytest
 from proton import Delivery, Message, Terminus, Timeout
 
 from tests.client import connect, terminus_capabilities
+from tests.cluster_process import CLUSTER_KINDS, broker_or_cluster, colocated
 from tests.e2e.helpers_conn import RawClient
 from tests.e2e.jms_txn import DECLARED, TxnSession
 
 pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module", params=CLUSTER_KINDS)
+def broker(request, tmp_path_factory):
+    """One broker, and a cluster whose client node owns nothing (every link forwarded)."""
+    yield from broker_or_cluster(request.param, tmp_path_factory)
 
 
 def uniq(prefix: str) -> str:
@@ -87,7 +94,8 @@ def test_rollback_discards_staged_sends(broker):
 
 
 def test_mixed_send_and_ack_commit_atomically(broker):
-    src, dst = uniq("src"), uniq("dst")
+    src = uniq("src")
+    dst = colocated(broker, src, "dst")
     conn = connect(broker.url)
     conn.create_sender(src).send(Message(body="work"))
     conn.close()
@@ -140,7 +148,8 @@ def test_unknown_transaction_id_is_refused(broker):
 
 
 def test_connection_drop_rolls_back(broker):
-    q, out = uniq("q"), uniq("out")
+    q = uniq("q")
+    out = colocated(broker, q, "out")
     conn = connect(broker.url)
     conn.create_sender(q).send(Message(body="held"))
     conn.close()

@@ -1,0 +1,70 @@
+"""`amqpbroker cluster status`: the cluster as one node sees it (GET /api/cluster),
+through the management API of any node (the admin CLI's client and options).
+
+    amqpbroker cluster status --url http://node-a:8161
+    amqpbroker cluster status --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from ..management.cli import DEFAULT_URL, ApiError, Client
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="amqpbroker cluster", description="Look at a cluster (docs/cluster.md).")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sp = sub.add_parser("status", help="nodes, which are live, their slots, forwarded links")
+    sp.add_argument("--url", default=os.environ.get("AMQPBROKER_ADMIN_URL", DEFAULT_URL),
+                    help=f"management API of any node (default $AMQPBROKER_ADMIN_URL or {DEFAULT_URL})")
+    sp.add_argument("--user", default=os.environ.get("AMQPBROKER_ADMIN_USER"))
+    sp.add_argument("--password", default=os.environ.get("AMQPBROKER_ADMIN_PASSWORD"))
+    sp.add_argument("--json", action="store_true", help="print JSON, for scripts")
+    sp.add_argument("--timeout", type=float, default=10.0)
+    sp.add_argument("--cacert", default=None)
+    sp.add_argument("--insecure", action="store_true")
+    return p
+
+
+def render(view: dict) -> str:
+    """The status as text (pure)."""
+    if not view.get("enabled"):
+        return "this broker is not a node of a cluster"
+    lines = [f"node {view['node']} ({'serving' if view['serving'] else 'NOT SERVING'}), "
+             f"slot map epoch {view['epoch']}, {view['slots']} slots"]
+    zk = view.get("zookeeper")
+    if zk:
+        lines.append(f"ZooKeeper {zk['zookeeper']} {zk['path']}: session {zk['session']}")
+    lines.append(f"{'node':<12} {'live':<5} {'slots':>5} {'connections from here':>22}")
+    for n in view["nodes"]:
+        mark = " (this node)" if n["here"] else ""
+        lines.append(f"{n['node']:<12} {'yes' if n['live'] else 'NO':<5} {n['slots']:>5} "
+                     f"{n['connections']:>22}{mark}")
+    f = view["forwarded"]
+    lines.append(f"forwarded: {f['links']} links of {f['clients']} clients over {f['connections']} connections; "
+                 f"{f['waiting_on_owners']} deliveries waiting on other nodes; {f['links_total']} links since start")
+    if view.get("pinned_exchanges"):
+        lines.append(f"pinned exchanges: {', '.join(view['pinned_exchanges'])}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None, out: Any = None) -> int:
+    import httpx
+
+    args = _parser().parse_args(argv)
+    out = out or sys.stdout
+    try:
+        view = Client(args).call("GET", "/api/cluster")
+    except ApiError as exc:
+        print(f"amqpbroker cluster: {exc.message} (HTTP {exc.status})", file=sys.stderr)
+        return 1
+    except httpx.HTTPError as exc:
+        print(f"amqpbroker cluster: cannot reach the node at {args.url}: {exc}", file=sys.stderr)
+        return 3
+    print(json.dumps(view, indent=2) if args.json else render(view), file=out)
+    return 0

@@ -1,0 +1,214 @@
+"""The ZooKeeper side of a `[cluster]` node (kazoo): the slot map, who is live, fencing.
+
+Layout under /amqpbroker-cluster/<name>:
+  map          persistent JSON {"nodes", "weights", "slots", "owners", "pinned"}: the slot
+               map, made from the configuration by the first node that finds none
+               (create-if-absent: one of them wins, the others read it).  Its znode
+               version is the map's epoch (core/placement.SlotMap.epoch): nodes speak to
+               each other only under the same epoch (cluster/wire.py).
+  live/<node>  ephemeral JSON {"inter", "amqp"}: the node serves its slots while it holds
+               it (the lock recipe without a queue); it goes with the node's session, so
+               a node killed or cut off loses it one session timeout later, and its slots
+               are unavailable (`amqpbroker:resource-unavailable`) until it is back.  A
+               second process with the same node name waits until the first is gone:
+               no slot is ever served by two processes.
+
+While its session is in doubt (SUSPENDED) a node goes on for one session timeout (no
+other process can take its live znode before the session expires), then, and as soon
+as the session is lost, it serves nothing new (every attach is refused unavailable)
+until it holds its live znode again.  No consensus is
+made here: ZooKeeper's create-if-absent, ephemeral nodes and versions do it all.
+
+kazoo runs its own threads; every blocking call runs in the loop's default executor and
+watches come back to the loop with call_soon_threadsafe.  Nothing imports kazoo unless
+[cluster] is configured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any, Callable
+
+from ..config import ClusterConfig
+from ..core.placement import SlotMap, spread
+
+log = logging.getLogger("amqpbroker.cluster")
+
+RETRY = 0.5   # seconds between attempts to take the live znode
+
+
+class Membership:
+    def __init__(self, cfg: ClusterConfig, loop: asyncio.AbstractEventLoop):
+        from kazoo.client import KazooClient   # only with [cluster]
+
+        self.cfg = cfg
+        self.loop = loop
+        self.root = f"/amqpbroker-cluster/{cfg.name}"
+        self.map_path = f"{self.root}/map"
+        self.live_path = f"{self.root}/live"
+        self.me = f"{self.live_path}/{cfg.node_id}"
+        self.client = KazooClient(hosts=cfg.zookeeper, timeout=cfg.zookeeper_session_timeout)
+        self.session = "LOST"
+        self.live: dict[str, dict] = {}          # node → its live znode's data
+        self.info: dict = {}                     # ours
+        self.holding = False                     # we hold our live znode (in this session)
+        self.on_change: Callable[[], None] = lambda: None
+        self.on_serving: Callable[[bool], None] = lambda serving: None
+        self.client.add_listener(self._listener)
+        self._stopping = False
+        self._taking = False
+        self._fence_timer: asyncio.TimerHandle | None = None
+
+    async def _call(self, fn: Callable, *args: Any) -> Any:
+        return await self.loop.run_in_executor(None, fn, *args)
+
+    # ------------------------------------------------------------------ session
+
+    async def start(self, timeout: float = 15.0) -> None:
+        await self._call(lambda: self.client.start(timeout))
+        self.session = "CONNECTED"
+        await self._call(self.client.ensure_path, self.live_path)
+
+    def _listener(self, state: Any) -> None:   # kazoo's thread: never block here
+        self.loop.call_soon_threadsafe(self._state_changed, str(state))
+
+    def _state_changed(self, state: str) -> None:
+        if state == self.session or self._stopping:
+            return
+        previous, self.session = self.session, state
+        if self._fence_timer is not None:
+            self._fence_timer.cancel()
+            self._fence_timer = None
+        if state == "SUSPENDED":
+            # In doubt: our live znode lasts as long as the session, which ZooKeeper
+            # keeps for a session timeout without us; until then no other process of our
+            # name can take it, so we go on, and stop serving once that time has passed.
+            log.warning("cluster: ZooKeeper session SUSPENDED: node %s stops serving in %.1f s unless it is back",
+                        self.cfg.node_id, self.cfg.zookeeper_session_timeout)
+            self._fence_timer = self.loop.call_later(self.cfg.zookeeper_session_timeout, self._fence,
+                                                     "no ZooKeeper for a session timeout")
+            return
+        if state != "CONNECTED":
+            self.holding = False
+            self._fence(f"ZooKeeper session {state}")
+            return
+        log.info("cluster: ZooKeeper session CONNECTED (was %s)", previous)
+        if self.holding:
+            self.on_serving(True)         # the same session: our live znode is still ours
+        else:
+            self.loop.create_task(self._take_live())   # a new session: take it again
+
+    def _fence(self, why: str) -> None:
+        self._fence_timer = None
+        log.warning("cluster: node %s serves nothing new until it holds its live node again (%s)",
+                    self.cfg.node_id, why)
+        self.on_serving(False)
+
+    async def stop(self) -> None:
+        """Closing the session deletes our live znode at once: our slots are known to
+        be unavailable without waiting for a session timeout."""
+        self._stopping = True
+        try:
+            await self._call(self.client.stop)
+            await self._call(self.client.close)
+        except Exception as exc:
+            log.warning("cluster: closing the ZooKeeper session: %s", exc)
+
+    # ------------------------------------------------------------------ the slot map
+
+    async def slot_map(self) -> SlotMap:
+        from kazoo.exceptions import NodeExistsError
+        cfg = self.cfg
+        wanted = {"nodes": cfg.nodes, "weights": {n: cfg.weights.get(n, 1) for n in cfg.nodes},
+                  "slots": cfg.slots, "pinned": sorted(cfg.pinned_exchanges)}
+        wanted["owners"] = list(spread(cfg.nodes, wanted["weights"], cfg.slots))
+        try:
+            await self._call(self.client.create, self.map_path, json.dumps(wanted).encode())
+            log.info("cluster: slot map made (%d slots over %s)", cfg.slots, ", ".join(cfg.nodes))
+        except NodeExistsError:
+            pass
+        data, stat = await self._call(self.client.get, self.map_path)
+        found = json.loads(data)
+        if found["nodes"] != cfg.nodes or found["weights"] != wanted["weights"]:
+            log.warning("cluster: the slot map in ZooKeeper (nodes %s, weights %s) is not this node's "
+                        "configuration (%s, %s): the map wins", found["nodes"], found["weights"], cfg.nodes,
+                        wanted["weights"])
+        if cfg.node_id not in found["nodes"]:
+            raise ValueError(f"node '{cfg.node_id}' is not in the cluster's slot map (nodes {found['nodes']})")
+        return SlotMap(tuple(found["owners"]), frozenset(), stat.version, frozenset(found.get("pinned", ())))
+
+    # ------------------------------------------------------------------ live nodes
+
+    async def go_live(self, info: dict) -> None:
+        """Hold our live znode (waits while another process of our name holds it)."""
+        self.info = info
+        await self._take_live()
+
+    async def _take_live(self) -> None:
+        if self._taking or not self.info:
+            return
+        self._taking = True
+        try:
+            await self._take_live_once()
+        finally:
+            self._taking = False
+
+    async def _take_live_once(self) -> None:
+        from kazoo.exceptions import NodeExistsError, NoNodeError
+        waited = False
+        while not self._stopping:
+            try:
+                await self._call(lambda: self.client.create(self.me, json.dumps(self.info).encode(),
+                                                            ephemeral=True))
+                return self._live_now()
+            except NodeExistsError:
+                try:
+                    _, stat = await self._call(self.client.get, self.me)
+                    if stat.ephemeralOwner == (self.client.client_id or (None,))[0]:
+                        return self._live_now()   # ours already (a create answered late)
+                except NoNodeError:
+                    continue
+                if not waited:
+                    log.warning("cluster: node %s is live elsewhere (another process, or this one's "
+                                "previous session): waiting for it to go", self.cfg.node_id)
+                    waited = True
+            except Exception as exc:   # session in doubt: try again
+                log.warning("cluster: taking the live node: %s", exc)
+            await asyncio.sleep(RETRY)
+
+    def _live_now(self) -> None:
+        self.holding = True
+        log.info("cluster: node %s is live (%s)", self.cfg.node_id, self.info.get("inter"))
+        self.on_serving(True)
+
+    def watch(self) -> None:
+        """Keep `live` current (and call on_change) as nodes come and go."""
+        from kazoo.recipe.watchers import ChildrenWatch
+
+        def changed(children: list[str]) -> None:   # kazoo's thread
+            self.loop.call_soon_threadsafe(lambda: self.loop.create_task(self._refresh(children)))
+
+        ChildrenWatch(self.client, self.live_path, changed)
+
+    async def _refresh(self, children: list[str]) -> None:
+        from kazoo.exceptions import NoNodeError
+        live = {}
+        for child in children:
+            try:
+                data, _ = await self._call(self.client.get, f"{self.live_path}/{child}")
+                live[child] = json.loads(data)
+            except (NoNodeError, ValueError):
+                continue
+        gone, came = set(self.live) - set(live), set(live) - set(self.live)
+        self.live = live
+        for node in sorted(came):
+            log.info("cluster: node %s is live", node)
+        for node in sorted(gone):
+            log.warning("cluster: node %s is gone: its slots are unavailable until it is back", node)
+        self.on_change()
+
+    def describe(self) -> dict:
+        return {"zookeeper": self.cfg.zookeeper, "session": self.session, "path": self.root,
+                "live": sorted(self.live)}

@@ -1,0 +1,224 @@
+"""One node of a cluster: a BrokerServer with its own store, the router that forwards
+what other nodes own (cluster/router.py), the inter-node listener where the other
+nodes' forwarded links arrive (cluster/listener.py), and the shovels that take what
+lands here to its owner (cluster/shovel.py).
+
+`serve --workers N` runs N of these on one machine (cluster/workers.py), with a static
+slot map and Unix sockets between them (`run_worker`); a `[cluster]` section makes this
+broker one node of a cluster of machines, with the map and membership in ZooKeeper
+(`run_member`, cluster/membership.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..config import Settings
+from ..core.placement import DEFAULT_SLOTS, SlotMap, static_map
+
+log = logging.getLogger("amqpbroker.cluster")
+
+
+@dataclass
+class WorkerSpec:
+    """What the workers of one machine share (written by the supervisor, mode 0600)."""
+    nodes: list[str]
+    weights: dict[str, int]
+    sockets: dict[str, str]     # node → inter-node address (`unix:@name`)
+    secret: str                 # hex
+    port: int                   # the shared AMQP port
+    slots: int = DEFAULT_SLOTS
+    node_ports: dict[str, int] = dataclasses.field(default_factory=dict)   # each node's own AMQP port
+
+    @classmethod
+    def read(cls, path: Path) -> "WorkerSpec":
+        return cls(**json.loads(Path(path).read_text()))
+
+    def write(self, path: Path) -> None:
+        path = Path(path)
+        path.touch(mode=0o600)
+        path.chmod(0o600)
+        path.write_text(json.dumps(dataclasses.asdict(self)))
+
+
+def worker_settings(settings: Settings, spec: WorkerSpec, index: int) -> Settings:
+    """A worker's own settings: its data dir (data/node-K), the shared port, and its
+    own management port (the configured one + K; 0 stays 0: each a free one)."""
+    mgmt = settings.management
+    port = mgmt.port + index if mgmt.port else 0
+    return settings.model_copy(update={
+        "data_dir": settings.data_dir / f"node-{index}",
+        "port": spec.port,
+        "management": mgmt.model_copy(update={"port": port}),
+    })
+
+
+async def run_worker(settings: Settings, loop: asyncio.AbstractEventLoop, spec: WorkerSpec, index: int,
+                     config_file: Path | None = None, overrides: dict | None = None) -> int:
+    """Run worker `index` of `spec` until SIGTERM / SIGINT."""
+    import lmdb
+
+    from ..server.app import BrokerServer, install_signal_handlers
+    from ..store.base import StoreError
+    from .listener import start_listener
+    from .router import Router
+    from .shovel import Shovels
+
+    node = spec.nodes[index]
+    settings = worker_settings(settings, spec, index)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    pinned, partitioned = cluster_options(settings)
+    slots = static_map(spec.nodes, spec.weights, spec.slots, pinned=pinned, partitioned=partitioned)
+    secret = bytes.fromhex(spec.secret)
+    try:
+        check_partitioned(slots)
+        server = BrokerServer(settings, loop, config_file=config_file, overrides=overrides)
+        server.reuse_port = True
+        router = Router(server, node, slots, spec.sockets.__getitem__, secret)
+        router.client_address = lambda n: (settings.host, spec.node_ports[n])
+        router.redirect = settings.cluster is not None and settings.cluster.redirect
+        server.cluster = router
+        await server.start()
+        inter, where = await start_listener(server, secret, unix_path=_unix_path(spec.sockets[node]))
+        shovels = Shovels(server, server.cluster)
+        shovels.start()
+        # A port of this node alone (the shared one lands anywhere): for clients and
+        # tests that must reach this node, and for placement redirects.
+        main = server.listeners[0]
+        own = dataclasses.replace(main, name="amqp-node", port=spec.node_ports.get(node, 0), server=None)
+        own.server = await loop.create_server(server._protocol_factory(own), main.host, own.port,
+                                              reuse_address=True, reuse_port=True)
+        own.port = own.server.sockets[0].getsockname()[1]
+        server.listeners.append(own)
+    except (ValueError, OSError, StoreError) as exc:
+        log.error("cannot start node %s: %s", node, exc)
+        return 2
+    except lmdb.Error as exc:
+        log.error("cannot start node %s: store: %s: %s", node, type(exc).__name__, exc)
+        return 2
+    log.info("amqp-node listening on %s:%d (node %s)", own.host, own.port, node)
+    log.info("cluster: node %s of %d, %d of %d slots, inter-node %s", node, len(spec.nodes),
+             len(slots.slots_of(node)), slots.slots, where)
+    from ..cli import tune_gc
+    tune_gc()
+    stopped = asyncio.Event()
+    install_signal_handlers(loop, stopped.set, server.reloader.on_signal)
+    await stopped.wait()
+    log.info("node %s shutting down", node)
+    inter.close()
+    shovels.close()
+    await server.stop()
+    return 0
+
+
+def cluster_options(settings: Settings) -> tuple[frozenset[str], dict[str, int]]:
+    """The pinned exchanges and the partitioned destinations (owning key → members) of
+    `[cluster]` (the same on every node: they are configuration)."""
+    cfg = settings.cluster
+    if cfg is None:
+        return frozenset(), {}
+    from ..core.broker import BUILTIN_EXCHANGES
+    from ..core.placement import owning_key
+    exchanges = {name: kind.value for name, kind in BUILTIN_EXCHANGES}
+    exchanges.update({e.name: e.type for e in settings.exchanges})
+    pinned = frozenset(cfg.pinned_exchanges)
+    partitioned = {owning_key(p.address, topic=p.topic, exchanges=exchanges, pinned=pinned).key: p.members
+                   for p in cfg.partitioned}
+    return pinned, partitioned
+
+
+def check_partitioned(slots: Any) -> None:
+    owning = len(set(slots.owners))
+    for key, members in slots.partitioned.items():
+        if members > owning:
+            raise ValueError(f"partitioned '{key}': {members} members but {owning} nodes own slots")
+
+
+def _unix_path(address: str) -> str:
+    path = address[len("unix:"):]
+    return "\0" + path[1:] if path.startswith("@") else path
+
+
+__all__ = ["WorkerSpec", "run_worker", "worker_settings", "Any"]
+
+
+async def run_member(settings: Settings, loop: asyncio.AbstractEventLoop, config_file: Path | None = None,
+                     overrides: dict | None = None) -> int:
+    """Run this broker as node `[cluster] node_id` until SIGTERM / SIGINT."""
+    import lmdb
+
+    from ..server.app import BrokerServer, install_signal_handlers
+    from ..store.base import StoreError
+    from .listener import start_listener
+    from .membership import Membership
+    from .router import Router
+    from .shovel import Shovels
+
+    cfg = settings.cluster
+    secret = cfg.secret.encode()
+    membership = Membership(cfg, loop)
+    try:
+        await membership.start()
+        slots = await membership.slot_map()
+        pinned, partitioned = cluster_options(settings)
+        slots = SlotMap(slots.owners, slots.live, slots.epoch, slots.pinned | pinned, partitioned)
+        check_partitioned(slots)
+    except Exception as exc:
+        log.error("cannot start node %s: ZooKeeper at %s: %s", cfg.node_id, cfg.zookeeper, exc)
+        await membership.stop()
+        return 2
+
+    def address_of(node: str) -> str:
+        info = membership.live.get(node)
+        if info is None:
+            raise OSError(f"node {node} is not live")
+        return info["inter"]
+
+    try:
+        server = BrokerServer(settings, loop, config_file=config_file, overrides=overrides)
+        router = Router(server, cfg.node_id, slots, address_of, secret)
+        router.serving = False            # until our live znode is held
+        router.redirect = cfg.redirect
+        router.client_address = lambda n: tuple(membership.live[n]["amqp"].rsplit(":", 1))
+        router.membership = membership
+        server.cluster = router
+        await server.start()
+        inter, where = await start_listener(server, secret, host=cfg.listen_host, port=cfg.listen_port)
+    except (ValueError, OSError, StoreError, lmdb.Error) as exc:
+        log.error("cannot start node %s: %s", cfg.node_id, exc)
+        await membership.stop()
+        return 2
+
+    def changed() -> None:
+        router.slots = router.slots.with_live(membership.live)
+
+    def serving(yes: bool) -> None:
+        router.serving = yes
+
+    membership.on_change = changed
+    membership.on_serving = serving
+    main = server.listeners[0]
+    await membership.go_live({"inter": cfg.advertised or where, "amqp": f"{main.host}:{main.port}"})
+    membership.watch()
+    shovels = Shovels(server, router)
+    shovels.start()
+    log.info("cluster: node %s of %s, %d of %d slots, inter-node %s", cfg.node_id, ", ".join(cfg.nodes),
+             len(slots.slots_of(cfg.node_id)), slots.slots, where)
+    from ..cli import tune_gc
+    tune_gc()
+    stopped = asyncio.Event()
+    install_signal_handlers(loop, stopped.set, server.reloader.on_signal)
+    await stopped.wait()
+    log.info("node %s shutting down", cfg.node_id)
+    router.serving = False
+    await membership.stop()
+    inter.close()
+    shovels.close()
+    await server.stop()
+    return 0

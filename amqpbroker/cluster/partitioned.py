@@ -1,0 +1,455 @@
+"""Partitioned destinations: one queue or topic spread over K members, each a normal
+destination (`orders.p0` …, `amq.topic/prices.p0` …) owned by a different node
+(core/placement.py `Partitioned`, `[[cluster.partitioned]]`).
+
+* A producer's message goes to exactly one member: by its JMSXGroupID (properties
+  group-id) when it has one, so a group stays on one member; else to the member the
+  producer's link was given when it attached (sticky), so a producer's order holds.
+  The client's deliveries are settled in the order they came, each with its member's
+  outcome (Accepted only once that member's node has committed it).
+* A consumer link is fed from every member (fan-in): it is attached, under the
+  client's link name and terms, on each member, so a durable or shared subscription
+  exists on every member, and consumers of one shared subscription attached at any
+  nodes share each member's messages: one copy per subscription.
+
+Ordering guarantees: per member (and so per group, and per producer link without a
+group); none across members.  Every member is reached through a connection to its
+node, this node's own included (through its inter-node listener).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import zlib
+from collections import deque
+from typing import Any
+
+from cproton import ffi, lib
+from proton import Condition, Link
+
+from ..core.message import MalformedMessage, Message
+from ..core.placement import UNAVAILABLE, Partitioned
+from ..core.settlement import LinkEnding
+from ..server.handlers import detach_with_condition
+from ..server.links import LATE_OUTCOME_WINDOW, link_credit
+from .deliveries import MODIFIED, RELEASED, Tags, copy_outcome, is_null
+from .relay import RelayLink
+from .sends import Outgoing, write_state
+from .txn import TRANSACTIONAL_STATE, set_txn_state, txn_state_data
+
+log = logging.getLogger("amqpbroker.cluster")
+
+WINDOW = 1000   # credit a partitioned producer gets (topped up as outcomes come back)
+
+
+def member_of(group: str | None, sticky: int, count: int) -> int:
+    """The member a message goes to: its group's, else the link's own."""
+    if group is None:
+        return sticky
+    return zlib.crc32(group.encode("utf-8", "surrogatepass")) % count
+
+
+class PartitionedProducer:
+    """A client producer link on a partitioned destination."""
+
+    forwarded = True
+
+    def __init__(self, side: Any, handler: Any, link: Link, placed: Partitioned):
+        self.side = side
+        self.handler = handler
+        self.protocol = handler.protocol
+        self.link = link
+        self.impl = link._impl
+        self.client_session = lib.pn_link_session(self.impl)
+        self.members = placed.members
+        self.sticky = random.randrange(len(self.members))
+        self.senders: dict[int, RelayLink] = {}
+        self.in_order: deque[list] = deque()
+        self.max_message_size = handler.server.settings.limits.max_message_size
+        self.gone = False
+        link.source.copy(link.remote_source)
+        link.target.copy(link.remote_target)
+        link.snd_settle_mode = link.remote_snd_settle_mode
+        link.rcv_settle_mode = link.remote_rcv_settle_mode
+        link.open()
+        lib.pn_link_flow(self.impl, WINDOW)
+        self.protocol.mark_dirty()
+
+    def _sender(self, index: int) -> RelayLink:
+        sender = self.senders.get(index)
+        if sender is None or sender.peer.closed:
+            address, node = self.members[index]
+            sender = self.senders[index] = RelayLink(self.side, self.handler, self.client_session,
+                                                     self.side.peer(node), target=address)
+        return sender
+
+    def on_delivery(self, cdlv: Any) -> None:
+        if lib.pn_delivery_aborted(cdlv):
+            lib.pn_delivery_settle(cdlv)
+            return
+        pending = lib.pn_delivery_pending(cdlv)
+        if pending > self.max_message_size:
+            lib.pn_delivery_settle(cdlv)
+            self.link.condition = Condition("amqp:link:message-size-exceeded", f"message exceeds the maximum "
+                                            f"message size of {self.max_message_size} bytes")
+            self.detached(True)
+            return
+        if lib.pn_delivery_partial(cdlv):
+            return
+        buf = bytearray(pending)
+        lib.pn_link_recv(self.impl, ffi.from_buffer(buf), pending)
+        lib.pn_link_advance(self.impl)
+        slot = None if lib.pn_delivery_settled(cdlv) else self.settle_in_order(cdlv)
+        try:
+            group = Message(bytes(buf)).group_id()
+        except MalformedMessage as exc:
+            self._refused(slot, cdlv, "amqp:decode-error", str(exc))
+            return
+        index = member_of(group, self.sticky, len(self.members))
+        self._sender(index).pass_on(Outgoing(cdlv, buf, (self, slot)), self.members[index][0])
+        self._top_up()
+
+    def _refused(self, slot: list | None, cdlv: Any, condition: str, description: str) -> None:
+        if slot is None:
+            lib.pn_delivery_settle(cdlv)
+            return
+        slot[1], slot[2], slot[3] = lib.PN_REJECTED, Condition(condition, description), True
+        self.drain_settlements()
+
+    def settle_in_order(self, cdlv: Any) -> list:
+        slot = [cdlv, None, None, False, None]   # Producer.settle_in_order's shape (RelayLink fills it)
+        self.in_order.append(slot)
+        return slot
+
+    def drain_settlements(self) -> None:
+        q = self.in_order
+        while q and q[0][3]:
+            cdlv, state, cond, _, data = q.popleft()
+            if not self.gone:
+                write_state(cdlv, state or lib.PN_ACCEPTED, data, cond)
+                lib.pn_delivery_settle(cdlv)
+        self._top_up()
+        self.protocol.mark_dirty()
+
+    def _top_up(self) -> None:
+        if self.gone or self.link.state & Link.LOCAL_CLOSED:
+            return
+        credit = lib.pn_link_credit(self.impl)
+        if credit < WINDOW // 2 and len(self.in_order) < WINDOW:
+            lib.pn_link_flow(self.impl, WINDOW - credit)
+            self.protocol.mark_dirty()
+
+    def on_flow(self) -> None:
+        pass
+
+    def detached(self, closed: bool) -> None:
+        """The client detached: the member links go; outcomes still on their way are
+        settled as they come (the session carries them)."""
+        for sender in self.senders.values():
+            if not sender.peer.closed and not (sender.mirror.state & Link.LOCAL_CLOSED):
+                sender.mirror.close()
+                sender.peer.mark_dirty()
+        link = self.link
+        if not link.state & Link.LOCAL_CLOSED:
+            link.close() if closed else detach_with_condition(link)
+        self.protocol.mark_dirty()
+
+    def released(self, ending: LinkEnding) -> None:
+        self.gone = True
+        self.in_order.clear()
+
+
+class MemberReceiver:
+    """One member's link of a fan-in consumer (a PeerConnection link)."""
+
+    def __init__(self, fanin: "FanInConsumer", address: str, peer: Any):
+        self.fanin = fanin
+        self.peer = peer
+        link = fanin.link
+        ssn = peer.session_for(fanin.client_session)
+        m = ssn.receiver(link.name)
+        m.source.copy(link.remote_source)
+        m.source.address = address
+        m.target.copy(link.remote_target)
+        m.snd_settle_mode = link.remote_snd_settle_mode
+        m.rcv_settle_mode = link.remote_rcv_settle_mode
+        m.open()
+        self.mirror, self.mimpl, self.mirror_session = m, m._impl, ssn
+        self.attached = False
+        self.detached = False
+        self.condition: Condition | None = None
+        self.draining = False
+        peer.links[m._impl] = self
+        peer.mark_dirty()
+
+    def on_peer_attach(self) -> None:
+        if not is_null(self.mirror.remote_source):   # a null source: refused, the detach follows
+            self.attached = True
+            self.fanin.member_ready()
+
+    def on_peer_detach(self, closed: bool, condition: Condition | None = None) -> None:
+        m = self.mirror
+        if not (m.state & Link.LOCAL_CLOSED):
+            m.close() if closed else m.detach()
+            self.peer.mark_dirty()
+        self._ended(condition or m.remote_condition)
+
+    def on_peer_lost(self, condition: Condition) -> None:
+        self._ended(Condition(UNAVAILABLE, condition.description or f"node {self.peer.node} went away"))
+
+    def _ended(self, condition: Condition | None) -> None:
+        if self.detached:
+            return
+        self.detached, self.condition = True, condition
+        self.draining = False
+        self.peer.links.pop(self.mimpl, None)
+        self.fanin.member_detached(self)
+
+    def on_peer_delivery(self, mdlv: Any) -> None:
+        if not lib.pn_delivery_readable(mdlv) or lib.pn_delivery_partial(mdlv):
+            return
+        pending = lib.pn_delivery_pending(mdlv)
+        buf = bytearray(pending)
+        lib.pn_link_recv(self.mimpl, ffi.from_buffer(buf), pending)
+        lib.pn_link_advance(self.mimpl)
+        self.fanin.arrived(self, mdlv, buf)
+
+    def on_peer_flow(self) -> None:
+        if self.draining and not lib.pn_link_draining(self.mimpl):
+            self.draining = False
+            lib.pn_link_set_drain(self.mimpl, False)
+            self.fanin.member_drained()
+
+
+class FanInConsumer:
+    """A client consumer link on a partitioned destination: fed from every member."""
+
+    forwarded = True
+
+    def __init__(self, side: Any, handler: Any, link: Link, placed: Partitioned):
+        self.side = side
+        self.handler = handler
+        self.protocol = handler.protocol
+        self.link = link
+        self.impl = link._impl
+        self.client_session = lib.pn_link_session(self.impl)
+        self.state = "attaching"       # → open → detaching → done
+        self.client_closed = False
+        self.gone = False
+        self.tags = Tags()
+        self.unsettled: dict[Any, tuple[MemberReceiver, Any]] = {}
+        self.waiting: deque[tuple[MemberReceiver, Any, bytearray]] = deque()
+        self.draining = False
+        self.late_timer: Any = None
+        self.members = [MemberReceiver(self, address, side.peer(node)) for address, node in placed.members]
+
+    # --- attach
+
+    def member_ready(self) -> None:
+        if self.state != "attaching" or not all(m.attached for m in self.members):
+            return
+        link, first = self.link, self.members[0].mirror
+        address = link.remote_source.address
+        link.source.copy(first.remote_source)
+        link.source.address = address   # the destination the client named, not a member
+        link.target.copy(link.remote_target)
+        link.snd_settle_mode = first.remote_snd_settle_mode
+        link.rcv_settle_mode = first.remote_rcv_settle_mode
+        link.open()
+        self.state = "open"
+        self.on_flow()
+        self.protocol.mark_dirty()
+
+    def member_detached(self, member: MemberReceiver) -> None:
+        if self.gone:
+            return
+        if self.state == "attaching":        # refused by a member: by all, for the client
+            self._detach_members(True)
+            if self.handler.endpoints.pop(self.impl, None) is not None:
+                self.handler.links -= 1
+            cond = member.condition or Condition("amqp:not-found", "refused by a member's node")
+            self.handler.refuse(self.link, cond.name, cond.description or "refused by a member's node")
+            self.state = "done"
+        elif self.state == "open":           # a member's node ended it: the link ends
+            self._detach_members(False)
+            self._answer(False, member.condition)
+            self.state = "peer-detached"
+        elif self.state == "detaching" and all(m.detached for m in self.members):
+            cond = next((m.condition for m in self.members if m.condition is not None), None)
+            self._answer(self.client_closed, cond)
+            self._done()
+
+    def _detach_members(self, closed: bool) -> None:
+        for m in self.members:
+            if not m.detached and not m.peer.closed and not (m.mirror.state & Link.LOCAL_CLOSED):
+                m.mirror.close() if closed else m.mirror.detach()
+                m.peer.mark_dirty()
+
+    def _answer(self, closed: bool, cond: Condition | None) -> None:
+        link = self.link
+        if self.gone or link.state & Link.LOCAL_CLOSED:
+            return
+        if cond is not None:
+            link.condition = cond
+        link.close() if closed else detach_with_condition(link)
+        self.protocol.mark_dirty()
+
+    # --- credit and drain
+
+    def on_flow(self) -> None:
+        if self.waiting:
+            self._send_waiting()
+        if self.state != "open":
+            return
+        want = link_credit(self.impl) - len(self.waiting)
+        drain = lib.pn_link_get_drain(self.impl) and not self.draining
+        for m in self.members:
+            if m.detached or m.peer.closed:
+                continue
+            have = lib.pn_link_credit(m.mimpl)
+            if want > have:
+                lib.pn_link_flow(m.mimpl, want - have)
+            if drain:
+                lib.pn_link_drain(m.mimpl, 0)
+                m.draining = bool(lib.pn_link_draining(m.mimpl))
+            m.peer.mark_dirty()
+        if drain:
+            self.draining = True
+            self.member_drained()
+
+    def member_drained(self) -> None:
+        """AMQP 1.0 §2.6.7: the client's drain is answered once every member's is."""
+        if self.draining and not any(m.draining for m in self.members) and not self.waiting:
+            self.draining = False
+            if not self.gone:
+                lib.pn_link_drained(self.impl)
+                self.protocol.mark_dirty()
+
+    # --- transfers members → client
+
+    def arrived(self, member: MemberReceiver, mdlv: Any, buf: bytearray) -> None:
+        if self.gone or self.state != "open":
+            lib.pn_delivery_update(mdlv, RELEASED)   # nobody to give it to: the member keeps it
+            lib.pn_delivery_settle(mdlv)
+            member.peer.mark_dirty()
+            return
+        if self.waiting or link_credit(self.impl) <= 0:
+            self.waiting.append((member, mdlv, buf))
+            return
+        self._send(member, mdlv, buf)
+
+    def _send(self, member: MemberReceiver, mdlv: Any, buf: bytearray) -> None:
+        impl = self.impl
+        cdlv = lib.pn_delivery(impl, self.tags.next())
+        lib.pn_link_send(impl, ffi.from_buffer(buf), len(buf))
+        lib.pn_link_advance(impl)
+        if lib.pn_delivery_settled(mdlv):
+            lib.pn_delivery_settle(cdlv)
+            lib.pn_delivery_settle(mdlv)
+        else:
+            self.unsettled[cdlv] = (member, mdlv)
+        self.protocol.mark_dirty()
+
+    def _send_waiting(self) -> None:
+        while self.waiting and link_credit(self.impl) > 0:
+            self._send(*self.waiting.popleft())
+        if not self.waiting:
+            self.member_drained()
+
+    # --- dispositions client → members
+
+    def on_delivery(self, cdlv: Any) -> None:
+        settled = lib.pn_delivery_settled(cdlv)
+        if not (settled or lib.pn_delivery_updated(cdlv)):
+            return
+        found = self.unsettled.pop(cdlv, None) if settled else self.unsettled.get(cdlv)
+        if found is None:
+            lib.pn_delivery_settle(cdlv)
+            return
+        member, mdlv = found
+        if member.peer.closed:
+            lib.pn_delivery_settle(cdlv)
+            return
+        if lib.pn_delivery_remote_state(cdlv) == TRANSACTIONAL_STATE:
+            self._transactional_ack(cdlv, member, mdlv, settled)
+            return
+        copy_outcome(cdlv, mdlv)
+        if settled:
+            lib.pn_delivery_settle(mdlv)
+            lib.pn_delivery_settle(cdlv)
+        member.peer.mark_dirty()
+        if self.late_timer is not None and not self.unsettled:
+            self._forget_late()
+
+    def _transactional_ack(self, cdlv: Any, member: MemberReceiver, mdlv: Any, settled: bool) -> None:
+        data = txn_state_data(cdlv)
+        txn_id = bytes(data[0]) if data and isinstance(data[0], (bytes, bytearray, memoryview)) else b""
+        outcome = data[1] if len(data) > 1 else None
+        peer = member.peer
+
+        def then(xid: bytes | None, error: tuple[str, str] | None) -> None:
+            if peer.closed:
+                return
+            if xid is None:
+                lib.pn_disposition_set_failed(lib.pn_delivery_local(mdlv), True)
+                lib.pn_delivery_update(mdlv, MODIFIED)
+            else:
+                set_txn_state(mdlv, xid, outcome)
+            if settled:
+                lib.pn_delivery_settle(mdlv)
+            peer.mark_dirty()
+
+        if settled:
+            lib.pn_delivery_settle(cdlv)
+        self.handler.server.cluster.txns.route(self.handler, txn_id, peer.node, member.mirror.source.address, then)
+
+    def late(self, cdlv: Any) -> None:
+        self.on_delivery(cdlv)
+
+    # --- detach
+
+    def detached(self, closed: bool) -> None:
+        if self.state == "peer-detached":
+            self._done()
+            return
+        if self.state in ("done", "detaching"):
+            return
+        self.client_closed = closed
+        self.state = "detaching"
+        self._detach_members(closed)
+        if all(m.detached for m in self.members):
+            self._answer(closed, None)
+            self._done()
+
+    def _done(self) -> None:
+        self.state = "done"
+        for member, mdlv, _ in self.waiting:   # never reached the client: back at the member
+            if not member.peer.closed:
+                lib.pn_delivery_update(mdlv, RELEASED)
+                lib.pn_delivery_settle(mdlv)
+                member.peer.mark_dirty()
+        self.waiting.clear()
+        if self.unsettled and not self.gone:
+            self.side.late[self.impl] = self
+            self.late_timer = self.protocol.loop.call_later(LATE_OUTCOME_WINDOW, self._forget_late)
+
+    def _forget_late(self) -> None:
+        if self.late_timer is not None:
+            self.late_timer.cancel()
+            self.late_timer = None
+        self.side.late.pop(self.impl, None)
+        if not self.gone:
+            for cdlv in self.unsettled:
+                lib.pn_delivery_settle(cdlv)
+        self.unsettled = {}
+
+    def released(self, ending: LinkEnding) -> None:
+        self.gone = True
+        if self.late_timer is not None:
+            self.late_timer.cancel()
+            self.late_timer = None
+        self.side.late.pop(self.impl, None)
+        self.unsettled = {}
+        self.waiting.clear()
+        self.state = "done"

@@ -1,0 +1,402 @@
+"""The cluster as server/ sees it (server/ports.py ClusterPort): at every attach,
+ask core/placement.py where the link goes, and either let the node go on as alone
+or forward the link (cluster/forward.py) over the client connection's connection
+to the owning node (cluster/peer.py), made on first use.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from collections.abc import Mapping
+
+from cproton import lib
+from proton import Condition, symbol
+from typing import Any, Callable, Iterator
+
+from ..core.placement import (
+    NOT_IMPLEMENTED,
+    Forward,
+    Local,
+    LinkShape,
+    Partitioned,
+    PerMessage,
+    Refuse,
+    Scatter,
+    SlotMap,
+    UNAVAILABLE,
+    client_home,
+    place_link,
+    place_message,
+)
+from ..config import ClientIdPolicy
+from ..core.message import JMS_DEST, MESSAGE_ANNOTATIONS
+from ..core.settlement import LinkEnding
+from ..core.subscriptions import SubscriptionKey, identity
+from ..core.terms import CAP_TOPIC, ExpiryPolicy
+from ..server.peer_fields import symbols
+from ..server.refusal import AttachRefused
+from ..server.terminus import read_source, read_target
+from .forward import ForwardedConsumer, ForwardedLink, ForwardedProducer
+from .guard import LOCKED, SubscriptionGuard
+from .partitioned import FanInConsumer, PartitionedProducer, member_of
+from .relay import RelayLink
+from .txn import TxnRoutes
+from .peer import PeerConnection
+
+log = logging.getLogger("amqpbroker.cluster")
+
+SOLE_CONNECTION = "sole-connection-for-container"
+NODE_LISTENER = "cluster"   # cluster/listener.py node_listener
+
+
+class ExchangeTypes(Mapping):
+    """The broker's exchanges as name → type, read live (placement's view)."""
+
+    def __init__(self, broker: Any):
+        self.exchanges = broker.exchanges
+
+    def __getitem__(self, name: str) -> str:
+        return self.exchanges[name].type.value
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.exchanges
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.exchanges)
+
+    def __len__(self) -> int:
+        return len(self.exchanges)
+
+
+class ClientSide:
+    """What the cluster keeps for one client connection: its connections to other
+    nodes, and its forwarded consumers waiting for late dispositions."""
+
+    def __init__(self, router: "Router", handler: Any):
+        self.router = router
+        self.handler = handler
+        self.peers: dict[str, PeerConnection] = {}
+        self.late: dict[Any, ForwardedConsumer] = {}   # client pn_link_t* → link
+        self.relays: dict[tuple[Any, str], RelayLink] = {}   # (client pn_session_t*, node) → link
+        self.claim: PeerConnection | None = None   # the connection that holds the client-id
+
+    def peer(self, node: str, claim: bool = False) -> PeerConnection:
+        """The client's connection to `node` (made on first use).  `claim`: it also
+        holds the client-id there (it desires sole-connection-for-container, so the
+        node refuses it if that container-id is connected there already)."""
+        peer = self.peers.get(node)
+        if peer is None or peer.closed:
+            h = self.handler
+            desired = [c for c in symbols(h.conn.remote_desired_capabilities) if c != SOLE_CONNECTION]
+            peer = PeerConnection(self.router.server, node, self.router.address_of(node), self.router.secret,
+                                  container_id=h.container_id, user=h.protocol.user,
+                                  desired_capabilities=desired + [SOLE_CONNECTION] * claim, on_lost=self._lost,
+                                  epoch=self.router.slots.epoch)
+            self.peers[node] = peer
+            if claim:
+                self.claim = peer
+        return peer
+
+    def _lost(self, peer: PeerConnection) -> None:
+        if self.peers.get(peer.node) is peer:
+            del self.peers[peer.node]
+        if peer is self.claim and peer.remote_open and peer.refused is None and self.handler.opened:
+            # Its client-id is no longer held: another connection could take it now.
+            h = self.handler
+            log.warning("connection %s (container %s) closed: the client-id's claim on node %s ended",
+                        h.protocol.peer, h.container_id, peer.node)
+            if not h.ended and not (h.conn.state & h.conn.LOCAL_CLOSED):
+                h.conn.condition = Condition("amqp:connection:forced",
+                                             f"client-id '{h.container_id}' is no longer held by node {peer.node}")
+                h.conn.close()
+                h.protocol.mark_dirty()
+
+    def relay(self, client_session: Any, node: str) -> RelayLink:
+        link = self.relays.get((client_session, node))
+        if link is None:
+            link = self.relays[(client_session, node)] = RelayLink(self, self.handler, client_session,
+                                                                   self.peer(node))
+        return link
+
+    def member(self, client_session: Any, node: str, address: str) -> RelayLink:
+        """A sender to one member of a partitioned destination, for relayed messages."""
+        key = (client_session, f"{node}\0{address}")
+        link = self.relays.get(key)
+        if link is None or link.peer.closed:
+            link = self.relays[key] = RelayLink(self, self.handler, client_session, self.peer(node), target=address)
+        return link
+
+    def relay_gone(self, link: RelayLink) -> None:
+        if self.relays.get((link.client_session, link.peer.node)) is link:
+            del self.relays[(link.client_session, link.peer.node)]
+
+    def end_session(self, client_session: Any) -> None:
+        for key in [k for k in self.relays if k[0] == client_session]:
+            del self.relays[key]
+        for peer in self.peers.values():
+            peer.end_session(client_session)
+
+    def close(self, lost: bool) -> None:
+        for link in list(self.late.values()):
+            link.released(LinkEnding.CONNECTION_CLOSED)
+        for peer in list(self.peers.values()):
+            peer.close(lost=lost)
+        self.peers.clear()
+
+
+class Router:
+    """ClusterPort: this node's forwarding."""
+
+    def __init__(self, server: Any, node: str, slots: SlotMap, addresses: Callable[[str], str], secret: bytes):
+        self.server = server
+        self.node = node
+        self.slots = slots
+        self.address_of = addresses
+        self.secret = secret
+        self.exchanges = ExchangeTypes(server.broker)
+        self.sides: dict[Any, ClientSide] = {}
+        self.txns = TxnRoutes(self)
+        self.forwarded_total = 0
+        # False while this node may not serve its slots ([cluster]: its ZooKeeper
+        # session is in doubt or its live znode is not held; cluster/membership.py).
+        self.serving = True
+        self.membership: Any = None
+        self.redirect = False      # [cluster] redirect: opens go to their client-id's home node
+        self.client_address: Callable[[str], tuple[str, Any]] = lambda node: ("", 0)
+
+    def describe(self) -> dict:
+        """GET /api/cluster: this node's view of the cluster."""
+        slots = self.slots
+        peers = [p for side in self.sides.values() for p in side.peers.values()]
+        links = [f for p in peers for f in p.links.values()]
+        waiting = sum(len(getattr(f, "sent", ()) or ()) + len(getattr(f, "unsettled", ()) or ()) for f in links)
+        nodes = []
+        for node in slots.nodes:
+            nodes.append({"node": node, "live": slots.available(node), "slots": len(slots.slots_of(node)),
+                          "here": node == self.node,
+                          "connections": sum(1 for p in peers if p.node == node)})
+        view = {"node": self.node, "serving": self.serving, "epoch": slots.epoch, "slots": slots.slots,
+                "nodes": nodes, "pinned_exchanges": sorted(slots.pinned),
+                "forwarded": {"clients": len(self.sides), "connections": len(peers), "links": len(links),
+                              "waiting_on_owners": waiting, "links_total": self.forwarded_total}}
+        if self.membership is not None:
+            view["zookeeper"] = self.membership.describe()
+        return view
+
+    def side(self, handler: Any) -> ClientSide:
+        side = self.sides.get(handler)
+        if side is None:
+            side = self.sides[handler] = ClientSide(self, handler)
+        return side
+
+    # ------------------------------------------------------------------ ClusterPort
+
+    @staticmethod
+    def from_node(handler: Any) -> bool:
+        """A connection another node opened for its client: whatever arrives on it
+        was placed by that node, and is this node's to serve (never forwarded on)."""
+        return handler.protocol.listener.name == NODE_LISTENER
+
+    def attach(self, handler: Any, link: Any) -> ForwardedLink | None:
+        if not self.serving:
+            raise AttachRefused(UNAVAILABLE, f"node {self.node} serves nothing now (its ZooKeeper session is "
+                                             f"in doubt, or it is taking its place again)")
+        if self.from_node(handler):
+            return None
+        shape = self._shape(link)
+        placed = place_link(shape, self.node, self.slots, self.exchanges)
+        if shape.consumer and isinstance(placed, (Forward, Local)):
+            others = self._durable_elsewhere(handler, link, placed)
+            if others:
+                return self._guarded(handler, link, placed, others)
+        if isinstance(placed, Forward):
+            return self._forward(handler, link, [placed.node])
+        if isinstance(placed, Refuse):
+            raise AttachRefused(placed.condition, placed.description)
+        if isinstance(placed, Scatter):
+            return self._scatter(handler, link, placed)
+        if isinstance(placed, PerMessage) and shape.address:
+            raise AttachRefused(NOT_IMPLEMENTED,
+                                f"a producer on exchange '{shape.address}' without a key: in a cluster the "
+                                f"key goes in the address ('{shape.address}/key') or the message's `to` "
+                                f"(anonymous relay)")
+        if isinstance(placed, Partitioned):
+            side = self.side(handler)
+            kind = FanInConsumer if link.is_sender else PartitionedProducer
+            self.forwarded_total += 1
+            return kind(side, handler, link, placed)
+        return None
+
+    @staticmethod
+    def _shape(link: Any) -> LinkShape:
+        if link.is_sender:
+            src = read_source(link.remote_source)
+            return LinkShape(consumer=True, address=src.address, topic=src.has(CAP_TOPIC),
+                             dynamic=src.dynamic, null_source=src.is_null)
+        tgt = read_target(link.remote_target)
+        return LinkShape(consumer=False, address=tgt.address, topic=tgt.has(CAP_TOPIC), dynamic=tgt.dynamic,
+                         coordinator=tgt.coordinator)
+
+    def _forward(self, handler: Any, link: Any, nodes: list[str]) -> ForwardedLink:
+        side = self.side(handler)
+        kind = ForwardedConsumer if link.is_sender else ForwardedProducer
+        fwd = kind(side, handler, link, side.peer(nodes[0]), candidates=tuple(nodes[1:]))
+        fwd.start()
+        self.forwarded_total += 1
+        log.debug("link '%s' of %s forwarded to node %s", link.name, handler.container_id, nodes[0])
+        return fwd
+
+    def _durable_elsewhere(self, handler: Any, link: Any, placed: Any) -> list[str]:
+        """For a durable subscription attach: the other nodes that may hold a
+        subscription of that name under another topic (cluster/guard.py).  This
+        node's own is dealt with here and now."""
+        source = read_source(link.remote_source)
+        if source.expiry_policy is not ExpiryPolicy.NEVER or source.is_null or source.dynamic:
+            return []
+        target = self.node if isinstance(placed, Local) else placed.node
+        if target != self.node:
+            self._replace_local(handler, link, source)
+        return [n for n in self.slots.nodes if n not in (target, self.node) and self.slots.available(n)]
+
+    def _replace_local(self, handler: Any, link: Any, source: Any) -> None:
+        namespace, name, _, _ = identity(link.name, handler.container_id, source)
+        registry = self.server.subscriptions
+        sub = registry.subscriptions.get(SubscriptionKey(namespace, name, True))
+        if sub is None:
+            return
+        queue = self.server.broker.queues.get(sub.queue_name)
+        if queue is not None and queue.consumers:
+            raise AttachRefused(LOCKED, f"subscription '{name}' is in use with a different topic, selector "
+                                        f"or no-local")
+        log.info("durable subscription '%s' deleted here: attached again under a topic of another node", name)
+        registry.delete(sub)
+
+    def _guarded(self, handler: Any, link: Any, placed: Any, others: list[str]) -> ForwardedLink:
+        """Ask the other nodes first (cluster/guard.py); then attach at the owner,
+        which may be this node: then through this node's own inter-node listener."""
+        side = self.side(handler)
+        target = self.node if isinstance(placed, Local) else placed.node
+        fwd = ForwardedConsumer(side, handler, link, side.peer(target))
+
+        def then(refusal: Any) -> None:
+            if fwd.state != "attaching" or fwd.client_gone:
+                return
+            if refusal is not None:
+                fwd._refuse_client(refusal)
+            else:
+                fwd.start()
+
+        SubscriptionGuard(side, fwd.client_session, link.name, others, then)
+        self.forwarded_total += 1
+        return fwd
+
+    def _scatter(self, handler: Any, link: Any, placed: Scatter) -> ForwardedLink | None:
+        """A null-source attach (Qpid JMS's unsubscribe): the subscription it names is
+        on one node, which the name alone does not tell; here first, then each other."""
+        namespace, name, _, _ = identity(link.name, handler.container_id, None)
+        if SubscriptionKey(namespace, name, True) in self.server.subscriptions.subscriptions:
+            return None
+        if not placed.nodes:
+            return None   # refused here: not-found
+        return self._forward(handler, link, list(placed.nodes))
+
+    # ------------------------------------------------------------------ client-ids
+
+    def claims(self, handler: Any) -> bool:
+        """Whether this client's open waits for the cluster: a redirect to its
+        client-id's home node (`[cluster] redirect`), or that node's grant of its
+        client-id (it desires sole-connection-for-container on a `restricted`
+        listener, and the home (core/placement.client_home) is another node)."""
+        if self.from_node(handler):
+            return False
+        if self.redirect and client_home(handler.container_id, self.slots) != self.node:
+            return True
+        if handler.protocol.listener.client_id_policy is not ClientIdPolicy.RESTRICTED:
+            return False
+        if SOLE_CONNECTION not in symbols(handler.conn.remote_desired_capabilities):
+            return False
+        return client_home(handler.container_id, self.slots) != self.node
+
+    def claim(self, handler: Any, done: Callable[[tuple[str, str, bool] | None], None]) -> None:
+        """Hold the client-id at its home node, then `done(None)`, or `done(refusal)`
+        in BrokerServer.admit's shape (a clash: the Qpid JMS InvalidClientIDException)."""
+        home = client_home(handler.container_id, self.slots)
+        cid = handler.container_id
+        if not self.slots.available(home):
+            done((UNAVAILABLE, f"node {home}, which grants client-id '{cid}', is not available", False))
+            return
+        if self.redirect:
+            # AMQP 1.0 §2.8.16: Qpid JMS under failover: reconnects there (its own
+            # open never got further than here: never mid-connection).
+            host, port = self.client_address(home)
+            log.info("connection %s (container %s) redirected to node %s at %s:%s", handler.protocol.peer,
+                     cid, home, host, port)
+            done(("amqp:connection:redirect", f"client-id '{cid}' is served by node {home}", False,
+                  {symbol("hostname"): str(host), symbol("network-host"): str(host), symbol("port"): int(port)}))
+            return
+
+        def answered(peer: PeerConnection) -> None:
+            if peer.refused is not None or not peer.remote_open:
+                self.sides.pop(handler, None)
+                peer.close()
+            if peer.refused is not None:
+                done(("amqp:invalid-field", f"container-id '{cid}' is already connected", True))
+            elif not peer.remote_open:
+                done((UNAVAILABLE, f"node {home}, which grants client-id '{cid}', is not available", False))
+            else:
+                done(None)
+
+        self.side(handler).peer(home, claim=True).open_waiters.append(answered)
+
+    def late_delivery(self, handler: Any, link: Any, dlv: Any) -> bool:
+        side = self.sides.get(handler)
+        fwd = side.late.get(link) if side is not None else None
+        if fwd is None:
+            return False
+        fwd.late(dlv)
+        return True
+
+    def relay(self, handler: Any, producer: Any, dlv: Any, msg: Any) -> bool:
+        """An anonymous-relay message (cluster/relay.py): False when this node owns
+        its `to` (or nobody can: the node refuses it as alone)."""
+        if self.from_node(handler):
+            return False
+        to = msg.prop("to")
+        dest = msg.annotations.get(JMS_DEST) if msg.has_section(MESSAGE_ANNOTATIONS) else None
+        placed = place_message(str(to) if to else None, dest in (1, 3), self.node, self.slots, self.exchanges)
+        if isinstance(placed, Forward):
+            side = self.side(handler)
+            side.relay(lib.pn_link_session(producer.impl), placed.node).send(producer, dlv, msg.raw, str(to))
+            return True
+        if isinstance(placed, Partitioned):   # one member: the group's, else this link's
+            sticky = zlib.crc32(producer.link.name.encode("utf-8", "surrogatepass"))
+            address, node = placed.members[member_of(msg.group_id(), sticky % len(placed.members),
+                                                     len(placed.members))]
+            side = self.side(handler)
+            side.member(lib.pn_link_session(producer.impl), node, address).send(producer, dlv, msg.raw, address)
+            return True
+        if isinstance(placed, Refuse):
+            cond = Condition(placed.condition, placed.description)
+            log.warning("connection %s: message for '%s' rejected: %s: %s", handler.protocol.peer, to,
+                        cond.name, cond.description)
+            if lib.pn_delivery_settled(dlv):
+                lib.pn_delivery_settle(dlv)
+            else:
+                producer.settle_in_order(dlv, lib.PN_REJECTED, cond)
+            return True
+        return False
+
+    def discharge(self, coordinator: Any, dlv: Any, txn_id: Any, fail: bool) -> bool:
+        return self.txns.discharge(coordinator, dlv, txn_id, fail)
+
+    def session_ended(self, handler: Any, session: Any) -> None:
+        side = self.sides.get(handler)
+        if side is not None:
+            side.end_session(session._impl)
+
+    def connection_ended(self, handler: Any, ending: LinkEnding) -> None:
+        self.txns.connection_ended(handler)
+        side = self.sides.pop(handler, None)
+        if side is not None:
+            side.close(lost=ending is LinkEnding.CONNECTION_LOST)

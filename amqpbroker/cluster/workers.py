@@ -1,0 +1,168 @@
+"""`amqpbroker serve --workers N`: N broker nodes on one machine, one per core.
+
+The supervisor (this process) does no broker work.  It reserves the AMQP port, writes
+what the workers share (node names, slot weights, inter-node socket names, a fresh
+secret) to `<data-dir>/workers.json` (mode 0600), and starts N node processes
+(`serve … --worker K`), each with its own store in `<data-dir>/node-K`.  Every
+worker listens on the same port with SO_REUSEPORT, so the kernel spreads incoming
+connections over them; the slot map is static (`core/placement.static_map`), and
+the nodes reach each other over abstract Unix sockets.  A worker that dies is
+started again on its own data dir (its slots are unavailable meanwhile); SIGTERM or
+SIGINT stops them all.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..config import Settings
+from .node import WorkerSpec
+
+log = logging.getLogger("amqpbroker.cluster")
+
+RESTART_DELAY = 0.5   # seconds before a dead worker is started again (doubling, up to 10 s)
+
+
+def worker_count(value: str) -> int:
+    """`--workers N` or `auto` (the machine's cores)."""
+    if value == "auto":
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    n = int(value)
+    if n < 1:
+        raise ValueError("--workers must be at least 1")
+    return n
+
+
+def parse_weights(text: str | None, nodes: list[str]) -> dict[str, int]:
+    """`--worker-weights 0,1,1`: slots in proportion (0: a node that owns nothing and
+    only forwards)."""
+    if not text:
+        return {n: 1 for n in nodes}
+    parts = [int(p) for p in text.split(",")]
+    if len(parts) != len(nodes) or any(p < 0 for p in parts) or not any(parts):
+        raise ValueError(f"--worker-weights needs {len(nodes)} non-negative numbers, not all 0")
+    return dict(zip(nodes, parts))
+
+
+def reserve_port(host: str, port: int) -> socket.socket:
+    """Hold the shared port (bound with SO_REUSEPORT, never listening, so the kernel
+    gives it no connection) so that port 0 means one free port for every worker."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    return sock
+
+
+class Supervisor:
+    def __init__(self, settings: Settings, count: int, weights: str | None, argv: list[str]):
+        self.settings = settings
+        self.nodes = [f"n{i}" for i in range(count)]
+        self.weights = parse_weights(weights, self.nodes)
+        self.argv = argv            # the serve command line, minus --workers
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.restarts: dict[int, float] = {}
+        self.stopping = False
+
+    def spec(self, port: int, node_ports: dict[str, int]) -> WorkerSpec:
+        token = secrets.token_hex(6)
+        return WorkerSpec(nodes=self.nodes, weights=self.weights,
+                          sockets={n: f"unix:@amqpbroker-{os.getpid()}-{token}-{n}" for n in self.nodes},
+                          secret=secrets.token_hex(32), port=port, node_ports=node_ports)
+
+    def run(self) -> int:
+        s = self.settings
+        s.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            holder = reserve_port(s.host, s.port)
+        except OSError as exc:
+            log.error("cannot start: port %s:%d: %s", s.host, s.port, exc)
+            return 2
+        port = holder.getsockname()[1]
+        # Each worker's own port too (redirects name it): held the same way.
+        own = [reserve_port(s.host, 0) for _ in self.nodes]
+        spec_path = s.data_dir / "workers.json"
+        self.spec(port, {n: o.getsockname()[1] for n, o in zip(self.nodes, own)}).write(spec_path)
+        self.spec_path = spec_path
+        log.info("supervisor: %d workers on port %d (data in %s/node-K)", len(self.nodes), port, s.data_dir)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._stop)
+        signal.signal(signal.SIGHUP, self._reload)
+        for i in range(len(self.nodes)):
+            self._start(i)
+        while not self.stopping:
+            self._reap()
+            time.sleep(0.1)
+        self._stop_all()
+        holder.close()
+        for sock in own:
+            sock.close()
+        return 0
+
+    def _start(self, index: int) -> None:
+        cmd = [sys.executable, "-m", "amqpbroker.cli"] + self.argv + [
+            "--worker", str(index), "--worker-spec", str(self.spec_path)]
+        self.procs[index] = subprocess.Popen(cmd, preexec_fn=_die_with_parent)
+
+    def _reap(self) -> None:
+        for index, proc in list(self.procs.items()):
+            code = proc.poll()
+            if code is None or self.stopping:
+                continue
+            delay = min(10.0, self.restarts.get(index, RESTART_DELAY / 2) * 2)
+            self.restarts[index] = delay
+            log.warning("supervisor: worker %s exited (%s); starting it again in %.1f s",
+                        self.nodes[index], code, delay)
+            del self.procs[index]
+            time.sleep(delay)
+            if not self.stopping:
+                self._start(index)
+
+    def _stop(self, signum: int, frame: object) -> None:
+        self.stopping = True
+
+    def _reload(self, signum: int, frame: object) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGHUP)
+
+    def _stop_all(self, grace: float = 15.0) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.info("supervisor: every worker stopped")
+
+
+def _die_with_parent() -> None:
+    """A worker must not outlive its supervisor (kill -9 of the supervisor included):
+    it would hold the port and its store with nobody to stop it."""
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def supervise(settings: Settings, count: int, weights: str | None, argv: list[str]) -> int:
+    logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return Supervisor(settings, count, weights, argv).run()
+
+
+__all__ = ["supervise", "worker_count", "parse_weights", "Path"]

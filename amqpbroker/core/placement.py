@@ -1,0 +1,324 @@
+"""Where a link or a message goes in a cluster: the node that owns its address.
+
+Pure: no sockets, no proton.  The I/O (amqpbroker/cluster/) asks `place_link` at
+every attach and `place_message` for each message of a per-message producer
+(anonymous relay, an exchange named without a key), and acts on the answer.
+
+**Ownership.**  Every queue, topic and subscription has exactly one owning node, so
+every JMS rule runs unchanged on its owner.  An address is normalised to its *owning
+key* (`owning_key`), the key is hashed to one of `SlotMap.slots` slots (CRC-32, the
+same on every node and every run), and the slot map says which node holds the slot.
+
+**The owning key of each link shape** (the table `place_link` implements; a test per
+row in tests/core/test_placement.py):
+
+| link shape                                        | owning key                         |
+|---------------------------------------------------|------------------------------------|
+| consumer / producer on a queue `q`                | `q`                                |
+| topic `t` (`topic` capability, or `amq.topic/t`)  | `amq.topic/t`                      |
+| `exchange/key` on a direct or topic exchange      | `exchange/key`                     |
+| a fanout exchange, or a pinned exchange           | the exchange's name                |
+| subscription (durable or not, shared or not,      | its topic's key: a subscription    |
+| with or without a client-id) with a source        | lives beside its topic             |
+| wildcard binding key on an unpinned topic exch.   | refused (no single owner)          |
+| null-source receiver (unsubscribe, lookup)        | unknown: asked of every node       |
+| producer on an exchange without a key             | per message (`subject`)            |
+| anonymous relay (null target address)             | per message (`to`)                 |
+| dynamic source / target (temporary node)          | the creating connection's node     |
+| temporary address `amqpbroker.temp-queue.<node>.` | the node named in it               |
+| transaction coordinator, `$amqpbroker.` controls  | the node the client is on          |
+| a partitioned address                             | its members (`partitioned`)        |
+| a connection's client-id (sole-connection-...)    | `$client-id/<container-id>`        |
+
+A subscription is placed by its topic and not by its key (client-id + name) because
+the subscription queue must see every message routed through the topic, and the
+topic's routing happens on one node; the price is that a null-source attach (which
+carries only the name) is looked up on every node (`Scatter`), which Qpid JMS does
+only to unsubscribe.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Union
+
+from .addresses import RESERVED_PREFIX, TEMP_PREFIX, split_address
+
+DEFAULT_SLOTS = 256
+TOPIC_EXCHANGE = "amq.topic"
+
+# The error a client gets when the node owning its address is away (not an AMQP
+# 1.0 §2.8.15 condition: those have no "unavailable"; a broker's own symbol).
+UNAVAILABLE = "amqpbroker:resource-unavailable"
+NOT_IMPLEMENTED = "amqp:not-implemented"
+NOT_FOUND = "amqp:not-found"
+
+# Exchange types as the placement sees them (core/exchanges.ExchangeType values).
+DIRECT, TOPIC, FANOUT = "direct", "topic", "fanout"
+
+
+def slot_of(key: str, slots: int = DEFAULT_SLOTS) -> int:
+    """The slot an owning key hashes to: stable across nodes, runs and versions."""
+    return zlib.crc32(key.encode("utf-8", "surrogatepass")) % slots
+
+
+# ---------------------------------------------------------------------- answers
+
+
+@dataclass(frozen=True)
+class Local:
+    """This node owns it: today's single-broker path."""
+
+
+@dataclass(frozen=True)
+class Forward:
+    """Another node owns it: forward the link (or message) to `node`."""
+    node: str
+    key: str = ""
+
+
+@dataclass(frozen=True)
+class Scatter:
+    """Nobody can tell from the link alone: ask this node first, then `nodes`."""
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PerMessage:
+    """A producer whose messages each name their own destination (`to`, `subject`)."""
+
+
+@dataclass(frozen=True)
+class Partitioned:
+    """A partitioned destination: (member address, owning node) per member."""
+    address: str
+    members: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class Refuse:
+    condition: str
+    description: str
+
+
+Placement = Union[Local, Forward, Scatter, PerMessage, Partitioned, Refuse]
+LOCAL = Local()
+PER_MESSAGE = PerMessage()
+
+
+# ---------------------------------------------------------------------- the map
+
+
+@dataclass(frozen=True)
+class SlotMap:
+    """Which node holds each slot, and which nodes are up.  `epoch` grows with every
+    change of the map (ZooKeeper's version in a [cluster]; 0 for a static map)."""
+    owners: tuple[str, ...]
+    live: frozenset[str] = frozenset()
+    epoch: int = 0
+    pinned: frozenset[str] = frozenset()           # exchanges owned whole (wildcards allowed)
+    partitioned: Mapping[str, int] = field(default_factory=dict)   # owning key → member count
+
+    @property
+    def slots(self) -> int:
+        return len(self.owners)
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """Every node of the map, in a fixed order (sorted)."""
+        return tuple(sorted(set(self.owners) | set(self.live)))
+
+    def owner(self, key: str) -> str:
+        return self.owners[slot_of(key, self.slots)]
+
+    def available(self, node: str) -> bool:
+        return node in self.live
+
+    def with_live(self, live: Iterable[str]) -> "SlotMap":
+        return SlotMap(self.owners, frozenset(live), self.epoch, self.pinned, self.partitioned)
+
+    def slots_of(self, node: str) -> list[int]:
+        return [s for s, n in enumerate(self.owners) if n == node]
+
+
+def spread(nodes: Iterable[str], weights: Mapping[str, int] | None = None,
+           slots: int = DEFAULT_SLOTS) -> tuple[str, ...]:
+    """A static map: slots in contiguous runs, each node's run in proportion to its
+    weight (default 1; 0: the node owns nothing and only forwards)."""
+    names = list(nodes)
+    w = [max(0, (weights or {}).get(n, 1)) for n in names]
+    total = sum(w)
+    if total == 0:
+        raise ValueError("at least one node must own slots (every weight is 0)")
+    owners: list[str] = []
+    acc = 0
+    for name, weight in zip(names, w):
+        acc += weight
+        owners += [name] * (slots * acc // total - len(owners))
+    return tuple(owners)
+
+
+def static_map(nodes: Iterable[str], weights: Mapping[str, int] | None = None,
+               slots: int = DEFAULT_SLOTS, **extra) -> SlotMap:
+    names = tuple(nodes)
+    return SlotMap(spread(names, weights, slots), frozenset(names), **extra)
+
+
+# ---------------------------------------------------------------------- owning keys
+
+
+@dataclass(frozen=True)
+class Target:
+    """An address as the owning-key rules read it."""
+    key: str                  # the owning key (hashed to a slot)
+    exchange: str | None      # the exchange, for exchange addresses
+    routing_key: str | None   # the key given with it (None: none)
+    wildcard: bool = False    # a binding key with `*` / `#` on a topic exchange
+
+
+def owning_key(address: str, *, topic: bool, exchanges: Mapping[str, str],
+               pinned: frozenset[str] = frozenset()) -> Target:
+    """Normalise an address the way core/addresses.resolve does, so that a topic named
+    by capability (`orders` + `topic`) and by path (`amq.topic/orders`) have one key.
+    `exchanges`: every exchange's name → type (the same on every node: configured).
+    A queue named like an exchange, or a queue reached with the `topic` capability,
+    is read as the exchange / topic here (a cluster cannot ask every node first)."""
+    head, key = split_address(address)
+    if key is not None and head in exchanges:
+        return _exchange_target(head, key, exchanges[head], pinned)
+    if key is None and address in exchanges:
+        return _exchange_target(address, None, exchanges[address], pinned)
+    if topic and not address.startswith((TEMP_PREFIX, RESERVED_PREFIX)):
+        return _exchange_target(TOPIC_EXCHANGE, address, exchanges.get(TOPIC_EXCHANGE, TOPIC), pinned)
+    return Target(address, None, None)
+
+
+def _exchange_target(exchange: str, key: str | None, kind: str, pinned: frozenset[str]) -> Target:
+    if kind == FANOUT or exchange in pinned:
+        return Target(exchange, exchange, key)
+    if key is None:
+        return Target(exchange, exchange, None)
+    wildcard = kind == TOPIC and any(w in ("*", "#") for w in key.split("."))
+    return Target(f"{exchange}/{key}", exchange, key, wildcard)
+
+
+def client_home(container_id: str, slots: SlotMap) -> str:
+    """The node that grants a client-id (JMS clientID, the AMQP container-id) to one
+    connection at a time across the cluster (`sole-connection-for-container`)."""
+    return slots.owner(f"$client-id/{container_id}")
+
+
+def temp_address(kind: str, node: str, unique: str) -> str:
+    """A temporary node's address names the node that holds it."""
+    return f"{TEMP_PREFIX}{kind}.{node}.{unique}"
+
+
+def temp_node(address: str) -> str | None:
+    """The node named in a temporary address (None: a single broker's, without one)."""
+    if not address.startswith(TEMP_PREFIX):
+        return None
+    parts = address[len(TEMP_PREFIX):].split(".")
+    return parts[1] if len(parts) == 3 else None
+
+
+# ---------------------------------------------------------------------- decisions
+
+
+@dataclass(frozen=True)
+class LinkShape:
+    """What `place_link` reads of an attach (plain values from the terminus)."""
+    consumer: bool                     # the broker sends (a receiver on the client)
+    address: str | None = None
+    topic: bool = False                # the terminus has the `topic` capability
+    dynamic: bool = False
+    null_source: bool = False          # a receiver whose source is null (unsubscribe)
+    coordinator: bool = False
+
+
+def place_link(link: LinkShape, here: str, slots: SlotMap, exchanges: Mapping[str, str]) -> Placement:
+    """The attach row of the table in the module docstring."""
+    if link.coordinator or link.dynamic:
+        return LOCAL
+    if link.consumer and link.null_source:
+        return Scatter(tuple(n for n in slots.nodes if n != here and slots.available(n)))
+    address = link.address
+    if not address:
+        if link.consumer:
+            return LOCAL   # refused by the node itself (no address), as alone
+        return PER_MESSAGE
+    return _place_address(address, link.topic, link.consumer, here, slots, exchanges)
+
+
+def place_message(to: str | None, topic: bool, here: str, slots: SlotMap,
+                  exchanges: Mapping[str, str], subject: str | None = None,
+                  exchange: str | None = None) -> Placement:
+    """A message of a per-message producer: its `to` (anonymous relay; `topic` from
+    x-opt-jms-dest), or its `subject` as the key on `exchange` (a producer that named
+    an exchange without a key)."""
+    if exchange is not None:
+        address = exchange if subject is None else f"{exchange}/{subject}"
+        return _place_address(address, False, False, here, slots, exchanges)
+    if not to:
+        return LOCAL   # refused by the node itself (no `to`), as alone
+    return _place_address(to, topic, False, here, slots, exchanges)
+
+
+def _place_address(address: str, topic: bool, consumer: bool, here: str, slots: SlotMap,
+                   exchanges: Mapping[str, str]) -> Placement:
+    if address.startswith(RESERVED_PREFIX):
+        return LOCAL
+    node = temp_node(address)
+    if node is not None:
+        return _at(node, address, here, slots)
+    target = owning_key(address, topic=topic, exchanges=exchanges, pinned=slots.pinned)
+    if slots.partitioned:
+        members = slots.partitioned.get(target.key)
+        if members:
+            return Partitioned(target.key, partition_members(target.key, members, slots))
+        member_node = _member_node(target.key, slots)
+        if member_node is not None:
+            return _at(member_node, target.key, here, slots)
+    if target.exchange is not None and target.routing_key is None and not consumer \
+            and exchanges.get(target.exchange) != FANOUT and target.exchange not in slots.pinned:
+        return PER_MESSAGE   # the key is each message's subject
+    if target.exchange is not None and target.routing_key is None and consumer \
+            and exchanges.get(target.exchange) == TOPIC and target.exchange not in slots.pinned:
+        target = Target(target.key, target.exchange, "#", True)   # Exchange.default_key
+    if target.wildcard and consumer:
+        return Refuse(NOT_IMPLEMENTED,
+                      f"wildcard binding key '{target.routing_key}' on exchange '{target.exchange}': its "
+                      f"topics are spread over the cluster's nodes (pin the exchange to allow wildcards)")
+    return _at(slots.owner(target.key), target.key, here, slots)
+
+
+def _at(node: str, key: str, here: str, slots: SlotMap) -> Placement:
+    if node == here:
+        return LOCAL
+    if not slots.available(node):
+        return Refuse(UNAVAILABLE, f"'{key}' is held by node {node}, which is not available now")
+    return Forward(node, key)
+
+
+def partition_members(address: str, count: int, slots: SlotMap) -> tuple[tuple[str, str], ...]:
+    """Member i of a partitioned destination: `<key>.p<i>` (a normal destination),
+    owned by consecutive nodes starting from the address's own slot owner, so K ≤ N
+    members sit on K different nodes."""
+    nodes = [n for n in slots.nodes if n in set(slots.owners)]
+    start = nodes.index(slots.owner(address))
+    return tuple((member_address(address, i), nodes[(start + i) % len(nodes)]) for i in range(count))
+
+
+def member_address(key: str, index: int) -> str:
+    """A member's address: `orders.p0` for a queue, `amq.topic/prices.p0` for a topic."""
+    return f"{key}.p{index}"
+
+
+def _member_node(key: str, slots: SlotMap) -> str | None:
+    """The node of a member address named directly (`orders.p1`): its member's node,
+    never its own hash, so every way to a member leads to the same node."""
+    base, dot, suffix = key.rpartition(".p")
+    count = slots.partitioned.get(base) if dot else None
+    if not count or not suffix.isdigit() or int(suffix) >= count:
+        return None
+    return partition_members(base, count, slots)[int(suffix)][1]

@@ -1,0 +1,61 @@
+"""`serve --workers N` options (cluster/workers.py) and the worker's settings (cluster/node.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from amqpbroker.cli import _without_workers
+from amqpbroker.cluster.node import WorkerSpec, worker_settings
+from amqpbroker.cluster.workers import parse_weights, reserve_port, worker_count
+from amqpbroker.config import Settings
+
+
+def test_worker_count_auto_is_the_cores_this_process_may_use():
+    assert worker_count("auto") >= 1
+    assert worker_count("3") == 3
+    with pytest.raises(ValueError):
+        worker_count("0")
+
+
+def test_weights_default_even_and_zero_means_forward_only():
+    nodes = ["n0", "n1", "n2"]
+    assert parse_weights(None, nodes) == {"n0": 1, "n1": 1, "n2": 1}
+    assert parse_weights("0,1,2", nodes) == {"n0": 0, "n1": 1, "n2": 2}
+    for bad in ("1,1", "0,0,0", "1,-1,1"):
+        with pytest.raises(ValueError):
+            parse_weights(bad, nodes)
+
+
+def test_a_worker_gets_the_serve_line_without_the_supervisors_options():
+    argv = ["serve", "--workers", "3", "--port", "0", "--worker-weights=0,1,1", "--data-dir", "d"]
+    assert _without_workers(argv) == ["serve", "--port", "0", "--data-dir", "d"]
+
+
+def test_worker_settings_own_data_dir_shared_port_own_management_port(tmp_path):
+    spec = WorkerSpec(nodes=["n0", "n1"], weights={"n0": 1, "n1": 1}, sockets={}, secret="00", port=5999)
+    base = Settings(data_dir=tmp_path, port=0, management={"port": 8161})
+    w1 = worker_settings(base, spec, 1)
+    assert (w1.data_dir, w1.port, w1.management.port) == (tmp_path / "node-1", 5999, 8162)
+    free = worker_settings(Settings(data_dir=tmp_path, management={"port": 0}), spec, 1)
+    assert free.management.port == 0
+
+
+def test_the_spec_file_is_private(tmp_path):
+    spec = WorkerSpec(nodes=["n0"], weights={"n0": 1}, sockets={"n0": "unix:@x"}, secret="ab" * 32, port=1)
+    path = tmp_path / "workers.json"
+    spec.write(path)
+    assert path.stat().st_mode & 0o077 == 0
+    assert WorkerSpec.read(path) == spec
+
+
+def test_the_reserved_port_is_shared_by_listeners_with_so_reuseport():
+    import socket
+    holder = reserve_port("127.0.0.1", 0)
+    port = holder.getsockname()[1]
+    a = socket.socket()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    a.bind(("127.0.0.1", port))
+    a.listen()
+    assert a.getsockname()[1] == port
+    a.close()
+    holder.close()

@@ -1,0 +1,289 @@
+"""Where a link or a message goes in a cluster (core/placement.py), row by row of the
+table in its docstring."""
+
+from __future__ import annotations
+
+import pytest
+
+from amqpbroker.core.placement import (
+    LOCAL,
+    NOT_IMPLEMENTED,
+    PER_MESSAGE,
+    UNAVAILABLE,
+    Forward,
+    LinkShape,
+    client_home,
+    Partitioned,
+    Refuse,
+    Scatter,
+    SlotMap,
+    member_address,
+    owning_key,
+    place_link,
+    place_message,
+    slot_of,
+    spread,
+    static_map,
+    temp_address,
+    temp_node,
+)
+
+EXCHANGES = {"amq.topic": "topic", "amq.direct": "direct", "amq.fanout": "fanout",
+             "events": "topic", "audit": "fanout"}
+NODES = ("n0", "n1", "n2")
+
+
+def owner_of(key: str, slots: SlotMap) -> str:
+    return slots.owners[slot_of(key, slots.slots)]
+
+
+def key_owned_by(node: str, slots: SlotMap, prefix: str = "q") -> str:
+    """A name whose slot `node` holds (names are hashed: search a few)."""
+    for i in range(10_000):
+        name = f"{prefix}{i}"
+        if owner_of(name, slots) == node:
+            return name
+    raise AssertionError(f"no key for {node}")
+
+
+@pytest.fixture
+def slots() -> SlotMap:
+    return static_map(NODES)
+
+
+def consumer(address, **kw) -> LinkShape:
+    return LinkShape(consumer=True, address=address, **kw)
+
+
+def producer(address, **kw) -> LinkShape:
+    return LinkShape(consumer=False, address=address, **kw)
+
+
+# ---------------------------------------------------------------------- slots and the map
+
+
+def test_slot_of_is_stable_crc32():
+    # The same on every node, every run, every Python (hash() is salted per process).
+    # A changed hash would move every address of a running cluster: pinned here.
+    assert slot_of("orders") == 0xE52FFDEE % 256 == 238
+    assert {slot_of(f"q{i}") for i in range(5000)} == set(range(256))
+
+
+def test_spread_gives_contiguous_runs_in_proportion_to_weights():
+    owners = spread(["a", "b"], {"a": 1, "b": 3}, slots=256)
+    assert owners.count("a") == 64 and owners.count("b") == 192
+    assert owners[:64] == ("a",) * 64
+
+
+def test_a_node_of_weight_zero_owns_nothing():
+    owners = spread(["edge", "a", "b"], {"edge": 0})
+    assert "edge" not in owners and owners.count("a") == 128
+
+
+def test_every_weight_zero_is_an_error():
+    with pytest.raises(ValueError):
+        spread(["a"], {"a": 0})
+
+
+# ---------------------------------------------------------------------- owning keys
+
+
+def test_key_topic_by_capability_and_by_path_is_the_same():
+    by_cap = owning_key("orders", topic=True, exchanges=EXCHANGES)
+    by_path = owning_key("amq.topic/orders", topic=False, exchanges=EXCHANGES)
+    assert by_cap == by_path
+    assert by_cap.key == "amq.topic/orders"
+
+
+def test_key_queue_is_its_name():
+    assert owning_key("orders", topic=False, exchanges=EXCHANGES).key == "orders"
+
+
+def test_key_fanout_exchange_is_the_exchange_whatever_the_key():
+    assert owning_key("audit/x", topic=False, exchanges=EXCHANGES).key == "audit"
+    assert owning_key("audit", topic=False, exchanges=EXCHANGES).key == "audit"
+
+
+def test_key_pinned_exchange_is_the_exchange():
+    t = owning_key("events/a.b", topic=False, exchanges=EXCHANGES, pinned=frozenset({"events"}))
+    assert t.key == "events" and not t.wildcard
+
+
+def test_key_wildcards_are_seen_on_topic_exchanges_only():
+    assert owning_key("events/a.*", topic=False, exchanges=EXCHANGES).wildcard
+    assert owning_key("amq.topic/#", topic=False, exchanges=EXCHANGES).wildcard
+    assert not owning_key("amq.direct/a.*", topic=False, exchanges=EXCHANGES).wildcard
+
+
+def test_key_slash_under_an_unknown_exchange_is_a_queue_name():
+    assert owning_key("nope/x", topic=False, exchanges=EXCHANGES).key == "nope/x"
+
+
+# ---------------------------------------------------------------------- link rows
+
+
+def test_row_queue_consumer_owned_here_is_local(slots):
+    assert place_link(consumer(key_owned_by("n0", slots)), "n0", slots, EXCHANGES) is LOCAL
+
+
+def test_row_queue_consumer_owned_elsewhere_is_forwarded_to_the_owner(slots):
+    name = key_owned_by("n2", slots)
+    assert place_link(consumer(name), "n0", slots, EXCHANGES) == Forward("n2", name)
+
+
+def test_row_queue_producer_goes_where_its_consumers_go(slots):
+    name = key_owned_by("n1", slots)
+    assert place_link(producer(name), "n0", slots, EXCHANGES) == place_link(consumer(name), "n0", slots,
+                                                                            EXCHANGES)
+
+
+def test_row_topic_producer_and_subscriber_meet_on_the_topic_owner(slots):
+    topic = key_owned_by("n1", slots, "amq.topic/t")[len("amq.topic/"):]
+    sub = place_link(consumer(topic, topic=True), "n0", slots, EXCHANGES)
+    pub = place_link(producer(f"amq.topic/{topic}"), "n0", slots, EXCHANGES)
+    assert sub == pub == Forward("n1", f"amq.topic/{topic}")
+
+
+def test_row_subscription_with_source_is_placed_by_its_topic_not_its_name(slots):
+    # A shared durable subscription (`sub|global`) and a client-id one (`sub`): the
+    # link name takes no part; the same topic gives the same node.
+    topic = key_owned_by("n2", slots, "amq.topic/t")[len("amq.topic/"):]
+    assert place_link(consumer(topic, topic=True), "n0", slots, EXCHANGES) == \
+        Forward("n2", f"amq.topic/{topic}")
+
+
+def test_row_fanout_exchange_consumer_and_producer_by_exchange(slots):
+    owner = owner_of("audit", slots)
+    expect = LOCAL if owner == "n0" else Forward(owner, "audit")
+    assert place_link(consumer("audit"), "n0", slots, EXCHANGES) == expect
+    assert place_link(producer("audit"), "n0", slots, EXCHANGES) == expect
+
+
+def test_row_wildcard_subscription_on_unpinned_topic_exchange_is_refused(slots):
+    placed = place_link(consumer("events/orders.*"), "n0", slots, EXCHANGES)
+    assert isinstance(placed, Refuse) and placed.condition == NOT_IMPLEMENTED
+    assert "orders.*" in placed.description
+
+
+def test_row_consumer_of_a_topic_exchange_without_key_binds_everything_refused(slots):
+    placed = place_link(consumer("events"), "n0", slots, EXCHANGES)
+    assert isinstance(placed, Refuse) and "'#'" in placed.description
+
+
+def test_row_wildcard_subscription_on_pinned_exchange_goes_to_its_owner():
+    slots = SlotMap(static_map(NODES).owners, frozenset(NODES), pinned=frozenset({"events"}))
+    owner = owner_of("events", slots)
+    placed = place_link(consumer("events/orders.*"), "n9", slots, EXCHANGES)
+    assert placed == Forward(owner, "events")
+
+
+def test_row_null_source_receiver_is_asked_of_every_other_live_node(slots):
+    placed = place_link(LinkShape(consumer=True, null_source=True), "n1", slots, EXCHANGES)
+    assert placed == Scatter(("n0", "n2"))
+    down = slots.with_live({"n1", "n2"})
+    assert place_link(LinkShape(consumer=True, null_source=True), "n1", down, EXCHANGES) == Scatter(("n2",))
+
+
+def test_row_producer_on_an_exchange_without_key_is_per_message(slots):
+    assert place_link(producer("amq.topic"), "n0", slots, EXCHANGES) is PER_MESSAGE
+    assert place_link(producer("events"), "n0", slots, EXCHANGES) is PER_MESSAGE
+
+
+def test_row_anonymous_relay_is_per_message(slots):
+    assert place_link(producer(None), "n0", slots, EXCHANGES) is PER_MESSAGE
+
+
+def test_row_consumer_without_address_stays_to_be_refused_here(slots):
+    assert place_link(consumer(None), "n0", slots, EXCHANGES) is LOCAL
+
+
+@pytest.mark.parametrize("shape", [
+    LinkShape(consumer=True, dynamic=True),
+    LinkShape(consumer=False, dynamic=True),
+    LinkShape(consumer=False, coordinator=True),
+    LinkShape(consumer=False, address="$amqpbroker.queue-info"),
+])
+def test_row_dynamic_nodes_coordinator_and_controls_stay_here(slots, shape):
+    assert place_link(shape, "n0", slots, EXCHANGES) is LOCAL
+
+
+def test_row_temporary_address_goes_to_the_node_named_in_it(slots):
+    addr = temp_address("queue", "n2", "abc123")
+    assert temp_node(addr) == "n2"
+    assert place_link(producer(addr), "n0", slots, EXCHANGES) == Forward("n2", addr)
+    assert place_link(producer(addr), "n2", slots, EXCHANGES) is LOCAL
+
+
+def test_row_single_broker_temporary_address_is_hashed_like_any_other(slots):
+    assert temp_node("amqpbroker.temp-queue.abc123") is None
+
+
+def test_row_owner_down_is_refused_unavailable_naming_node_and_key(slots):
+    name = key_owned_by("n2", slots)
+    placed = place_link(consumer(name), "n0", slots.with_live({"n0", "n1"}), EXCHANGES)
+    assert isinstance(placed, Refuse) and placed.condition == UNAVAILABLE
+    assert name in placed.description and "n2" in placed.description
+
+
+def test_row_owner_down_but_it_is_this_node_is_local(slots):
+    name = key_owned_by("n0", slots)
+    assert place_link(consumer(name), "n0", slots.with_live(set()), EXCHANGES) is LOCAL
+
+
+def test_row_partitioned_address_lists_members_on_distinct_nodes():
+    base = static_map(NODES)
+    slots = SlotMap(base.owners, base.live, partitioned={"orders": 3, "amq.topic/prices": 2})
+    placed = place_link(consumer("orders"), "n0", slots, EXCHANGES)
+    assert isinstance(placed, Partitioned)
+    assert [m for m, _ in placed.members] == ["orders.p0", "orders.p1", "orders.p2"]
+    assert sorted(n for _, n in placed.members) == sorted(NODES)
+    topic = place_link(producer("prices", topic=True), "n0", slots, EXCHANGES)
+    assert isinstance(topic, Partitioned) and topic.members[0][0] == "amq.topic/prices.p0"
+
+
+def test_row_partition_member_named_directly_goes_to_its_members_node():
+    base = static_map(NODES)
+    slots = SlotMap(base.owners, base.live, partitioned={"orders": 3})
+    members = dict(place_link(consumer("orders"), "n0", slots, EXCHANGES).members)
+    for member, node in members.items():
+        placed = place_link(consumer(member), "n0", slots, EXCHANGES)
+        assert placed == (LOCAL if node == "n0" else Forward(node, member))
+    # Beyond the member count it is an ordinary name.
+    assert place_link(consumer(member_address("orders", 7)), "n0", slots, EXCHANGES) in (
+        LOCAL, Forward("n1", "orders.p7"), Forward("n2", "orders.p7"))
+
+
+# ---------------------------------------------------------------------- message rows
+
+
+def test_message_row_relay_to_queue_goes_to_its_owner(slots):
+    name = key_owned_by("n1", slots)
+    assert place_message(name, False, "n0", slots, EXCHANGES) == Forward("n1", name)
+
+
+def test_message_row_relay_to_topic_by_jms_dest_annotation(slots):
+    topic = key_owned_by("n2", slots, "amq.topic/t")[len("amq.topic/"):]
+    assert place_message(topic, True, "n0", slots, EXCHANGES) == Forward("n2", f"amq.topic/{topic}")
+
+
+def test_message_row_subject_on_a_keyless_exchange_producer(slots):
+    key = key_owned_by("n1", slots, "amq.direct/k")[len("amq.direct/"):]
+    assert place_message(None, False, "n0", slots, EXCHANGES, subject=key, exchange="amq.direct") == \
+        Forward("n1", f"amq.direct/{key}")
+
+
+def test_message_row_without_to_stays_here_to_be_rejected(slots):
+    assert place_message(None, False, "n0", slots, EXCHANGES) is LOCAL
+
+
+def test_message_row_to_a_temporary_queue_of_another_node(slots):
+    addr = temp_address("queue", "n1", "f00")
+    assert place_message(addr, False, "n0", slots, EXCHANGES) == Forward("n1", addr)
+
+
+def test_row_client_id_has_one_home_node_on_every_node(slots):
+    homes = {client_home(f"app-{i}", slots) for i in range(200)}
+    assert homes == set(NODES)   # spread over the nodes
+    assert client_home("app-7", slots) == client_home("app-7", static_map(NODES))   # the same everywhere
+    edge = static_map(NODES, {"n0": 0})
+    assert {client_home(f"app-{i}", edge) for i in range(200)} == {"n1", "n2"}
