@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from .addresses import AddressKind, AddressNotFound, Resolution, resolve
+from .budget import MemoryBudget
 from .deadletters import AnnotationError, dead_letter_annotations, return_address, rewrite_annotations
 from .exchanges import Binding, BindingFilter, Exchange, ExchangeType
 from .limits import OVERFLOW_REASON, Admission, LimitRule, QueueLimits, limits_for
@@ -66,6 +67,12 @@ class Broker:
         self.timers: set[Queue] = set()        # queues holding scheduled (delayed) entries
         # Temporary (dynamic) queues and topic exchanges → the connection that made them.
         self.temporaries: dict[str, Any] = {}
+        # The broker-wide memory budget every queue charges (core/budget.py; None: none).
+        self.budget: MemoryBudget | None = None
+        # The topic log (store/topiclog.py): fan_out(msg, exchange, key, members) stores a
+        # message for the durable subscription queues it reaches and returns its position
+        # (their sequence number).  Set by the persistence layer; None without one.
+        self.fan_out: Callable[[Message, str | None, str | None, list[Queue]], int] | None = None
         # Hooks for the store (durable entities) — set by the persistence layer.
         self.on_queue_declared: Callable[[Queue], None] | None = None
         self.on_queue_deleted: Callable[[Queue], None] | None = None
@@ -113,6 +120,7 @@ class Broker:
         )
         queue.defer = self.defer
         queue.timers = self.timers
+        queue.budget = self.budget
         queue.limits = limits_for(name, self.policy.queue_limits, limits)
         queue.declared_limits = limits
         self.queues[name] = queue
@@ -237,6 +245,7 @@ class Broker:
         Raises QueueFull when a routed queue is full with overflow `reject` (then no
         queue gets it); `enforce_limits=False` (a transaction's commit, which is all
         or nothing) queues it whatever the limits say."""
+        exchange = key = None
         if target.kind is AddressKind.QUEUE:
             queue = self.queues.get(target.name)
             if queue is None:  # deleted since the link attached
@@ -245,16 +254,33 @@ class Broker:
         elif target.kind is AddressKind.NEW_QUEUE:
             queues = [self.auto_create(target.name, creator)]
         else:
-            queues = self.route(target.name, target.key, msg)
+            exchange, key = target.name, self.routing_key(target.key, msg)
+            queues = self.route(exchange, key, msg)
         if not queues:
             self.unroutable_total += 1
             return queues
         if enforce_limits:
             self._admit(queues, msg.size)
         self.routed_total += 1
+        fan_out = self.fan_out
+        members = [q for q in queues if q.in_log] if fan_out is not None else None
+        if members:
+            # One log record, one position for every durable subscription it reaches.
+            pos = fan_out(msg, exchange, key, members)
+            for queue in queues:
+                queue.enqueue(msg, pos if queue.in_log else None)
+            return queues
         for queue in queues:
             queue.enqueue(msg)
         return queues
+
+    @staticmethod
+    def routing_key(key: str | None, msg: Message) -> str:
+        """The key an exchange routes by: the address's, else the message subject."""
+        if key is not None:
+            return key
+        subject = msg.prop("subject") if msg.has_section(0x73) else None
+        return "" if subject is None else str(subject)
 
     def check_limits(self, msg: Message, target: Resolution) -> None:
         """A transactional send, when it is staged: raises QueueFull now if a queue it
@@ -301,10 +327,7 @@ class Broker:
         exchange = self.exchanges.get(exchange_name)
         if exchange is None:
             raise AddressNotFound(exchange_name, f"exchange '{exchange_name}' no longer exists")
-        if key is None:
-            subject = msg.prop("subject") if msg.has_section(0x73) else None
-            key = "" if subject is None else str(subject)
-        bindings = exchange.route(key)
+        bindings = exchange.route(self.routing_key(key, msg))
         if len(bindings) == 1 and bindings[0].filter is None:
             return [bindings[0].queue]
         seen: dict[int, Queue] = {}

@@ -23,7 +23,7 @@ from typing import Callable, Iterable
 
 from .topiclog import Member, TopicLog
 
-LogRow = tuple  # (position, route id, size, plus frozenset, minus frozenset)
+LogRow = tuple  # (position, route id, size, plus frozenset, minus frozenset, ...more ignored)
 
 
 @dataclass
@@ -55,7 +55,8 @@ def rebuild(log: TopicLog, rows: Iterable[LogRow], *, marks: dict[int, int] | No
         log.positions.last = max(log.positions.last, last)
     else:
         log.start = log.positions.last + 1
-    for pos, rid, size, plus, minus in rows:
+    for row in rows:
+        pos, rid, size, plus, minus = row[:5]
         i = pos - log.start
         log.route_of[i] = rid
         if plus or minus:
