@@ -151,6 +151,19 @@ class DurabilityManager:
             return
         self._remove_stored(queue, entry.seq, entry.store_ref)
 
+    # Reads by sequence number (server/sequence.py), of any durable queue.
+    def read_entries(self, queue: Queue, after: int, limit: int) -> list[EntryRecord]:
+        """A durable queue's committed entries after sequence `after`."""
+        if queue.in_log:
+            return self.topic.records_after(queue, after, limit)
+        return self.store.read_entries(queue.store_id, after, limit)
+
+    def last_seq(self, queue: Queue) -> int:
+        """The last sequence number committed for a durable queue (0: none yet)."""
+        if queue.in_log:
+            return self.topic.last_position(queue)
+        return self.store.read_last_seq(queue.store_id)
+
     def forget_gone(self, queue: Queue, seq: int) -> None:
         self.store.after_commit(functools.partial(queue.gone_committed, seq))
 
