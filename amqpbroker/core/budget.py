@@ -13,10 +13,11 @@ What the budget decides (the table in tests/core/test_budget.py):
   already pages (entries must stay in order), over its own budget, or while the
   broker's budget is used up.
 * `page_in_count` / `page_in_low`: how many stored entries a page-in takes, and below
-  how many ready entries it runs: as many as fit in the room left, never fewer than
+  how many ready entries it runs: what the queue's consumers may take now (their
+  credit; twice that is read), within what fits in the room left, never fewer than
   MIN_PAGE_IN (a queue whose consumers wait always makes progress), never more than
-  the queue's own batch.  With 10,000 queues paging in at once, memory stays near
-  the budget instead of 10,000 × the batch.
+  the queue's own batch.  With 10,000 subscriptions re-attached at once, memory
+  follows what their consumers ask for instead of 10,000 × the batch.
 * `body_room`: how many bytes of bodies a page-in may read at once.
 
 The memory alarm (core/alarms.py) stays the last resort: the budget keeps the
@@ -61,20 +62,25 @@ def pages_new(paging: bool, queue_budget: int, queue_bytes: int, budget: MemoryB
     return paging or queue_bytes > queue_budget or (budget is not None and budget.over)
 
 
-def page_in_count(batch: int, room: int, entry_bytes: int) -> int:
-    """Entries a page-in takes: what `room` bytes hold at `entry_bytes` each, within
-    [MIN_PAGE_IN, batch]."""
+def page_in_count(batch: int, room: int, entry_bytes: int, demand: int | None = None) -> int:
+    """Entries a page-in takes under a broker budget: twice what the queue's
+    consumers may take now (`demand`: their credit), within [MIN_PAGE_IN, batch] and
+    what `room` bytes hold at `entry_bytes` each (never fewer than MIN_PAGE_IN).
+    Without a budget (room UNLIMITED): the queue's batch."""
     if room >= UNLIMITED:
         return batch
-    return max(min(batch, MIN_PAGE_IN), min(batch, room // max(1, entry_bytes)))
+    want = batch if demand is None else max(MIN_PAGE_IN, min(batch, 2 * demand))
+    return max(min(batch, MIN_PAGE_IN), min(want, room // max(1, entry_bytes)))
 
 
-def page_in_low(low: int, room: int, entry_bytes: int) -> int:
-    """Below how many ready entries a queue with a paged region pages in: its own
-    low-water mark while there is room, down to MIN_PAGE_IN as the room runs out."""
+def page_in_low(low: int, room: int, entry_bytes: int, demand: int | None = None) -> int:
+    """Below how many ready entries a queue with a paged region pages in: under a
+    broker budget, what its consumers may take now, within [MIN_PAGE_IN, low] and
+    what the room holds; without one, its own low-water mark."""
     if room >= UNLIMITED:
         return low
-    return max(min(low, MIN_PAGE_IN), min(low, room // max(1, entry_bytes)))
+    want = low if demand is None else max(MIN_PAGE_IN, min(low, demand))
+    return max(min(low, MIN_PAGE_IN), min(want, room // max(1, entry_bytes)))
 
 
 def body_room(queue_room: int, budget: MemoryBudget | None) -> int:

@@ -31,6 +31,7 @@ class PagedRegion:
     __slots__ = ()
 
     name: str
+    consumers: list
     _ready: Any
     _delayed: list
     _pending_page: dict
@@ -103,12 +104,17 @@ class PagedRegion:
                     self.budget.used -= held
 
     def _page_low(self) -> int:
-        """Below how many ready entries the paged region is read (core/budget.py: less
-        as the broker's budget runs out)."""
+        """Below how many ready entries the paged region is read (core/budget.py: what
+        the consumers ask for, less as the broker's budget runs out)."""
         budget = self.budget
         if budget is None or not budget.limit:
             return self.page_in_low
-        return page_in_low(self.page_in_low, budget.room(), entry_bytes(self.paged_bytes, self.paged_count))
+        return page_in_low(self.page_in_low, budget.room(), entry_bytes(self.paged_bytes, self.paged_count),
+                           self._demand())
+
+    def _demand(self) -> int:
+        """What the queue's consumers may take now (their credit)."""
+        return sum(max(0, c.credit()) for c in self.consumers if not c.browser)
 
     def _page_in(self) -> int:
         """Move the next entries of the paged region into memory, in sequence order
@@ -118,8 +124,10 @@ class PagedRegion:
         flight once the store has nothing more."""
         pending = self._pending_page
         want = self.page_in_batch
-        if self.budget is not None:   # what the broker's budget has room for (core/budget.py)
-            want = page_in_count(want, self.budget.room(), entry_bytes(self.paged_bytes, self.paged_count))
+        budget = self.budget
+        if budget is not None and budget.limit:   # what the consumers ask for, the budget's room
+            want = page_in_count(want, budget.room(), entry_bytes(self.paged_bytes, self.paged_count),
+                                 self._demand())
         entries: list[Entry] = []
         if self.paged_count > len(pending) and self.hooks is not None:
             entries = self.hooks.read_paged(self, self.page_cursor, want)

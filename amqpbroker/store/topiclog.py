@@ -29,8 +29,8 @@ from ..core.queues import Queue
 from ..core.subscriptions import Subscription
 from ..core.topiclog import DIRECT, Member, TopicLog
 from .base import EntryRecord
-from .logrecords import (StoredCursor, decode_cursor, decode_record, decode_route, encode_record, encode_route,
-                         key, scan_row, unkey)
+from .logrecords import (LogRecord, StoredCursor, decode_cursor, decode_record, decode_route, encode_record,
+                         encode_route, key, scan_row, unkey)
 from .reads import LOG_QUEUE
 
 if TYPE_CHECKING:
@@ -38,7 +38,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("amqpbroker.store")
 
-BODY_CACHE = 4096   # bodies read back for page-in, shared by the members that read them next
+# Read back for page-in, kept for the members that read the same positions next
+# (after a restart every subscription pages in the same records).
+RECORD_CACHE = 16_384     # decoded log records
+BODY_CACHE = 16 << 20     # bytes of message bodies
 
 
 class Pending:
@@ -63,6 +66,8 @@ class SubscriptionLog:
         self.primary: dict[int, Binding] = {}       # member queue id -> its subscription binding
         self.pending: dict[int, Pending] = {}       # position -> record until its batch commits
         self.bodies: OrderedDict[int, Message] = OrderedDict()
+        self._body_bytes = 0
+        self.records: OrderedDict[int, LogRecord] = OrderedDict()   # position -> decoded record
         self._callback_batch = -1
         self.recovered = 0
         self.redelivered = 0
@@ -203,10 +208,13 @@ class SubscriptionLog:
     def _free(self, pos: int, mid: int) -> bool:
         """No member owes the record any more: it goes, with its reference to the body."""
         self.store.writes().delete_entry(LOG_QUEUE, pos)
+        self.records.pop(pos, None)
         self._drop_routes()
         dropped = self.dm._release_message(mid)
         if dropped:
-            self.bodies.pop(mid, None)
+            msg = self.bodies.pop(mid, None)
+            if msg is not None:
+                self._body_bytes -= msg.size
         return dropped
 
     def _free_all(self, positions: list[int]) -> None:
@@ -224,20 +232,35 @@ class SubscriptionLog:
     def _mids_sizes(self, positions: list[int]) -> list[tuple[int, int, int]]:
         """(position, msg id, size) of records, pending or stored."""
         out = []
-        pending = self.pending
-        need = [p for p in positions if p not in pending]
-        stored = dict(zip(need, self.store.read_log(need))) if need else {}
+        for p, rec in self._records(positions):
+            if isinstance(rec, Pending):
+                out.append((p, rec.mid, rec.size))
+            else:
+                out.append((p, rec.msg_id, rec.size))
+        return out
+
+    def _records(self, positions: list[int]) -> list[tuple[int, "Pending | LogRecord"]]:
+        """The records at these positions: pending ones from memory, the rest decoded
+        from the store (once: the decoded records are kept for the members that read
+        them next).  A position found nowhere is logged and left out."""
+        pending, cache = self.pending, self.records
+        need = [p for p in positions if p not in pending and p not in cache]
+        if need:
+            for p, val in zip(need, self.store.read_log(need)):
+                if val is None:
+                    log.error("topic log: record %d is not in the store; skipped", p)
+                    continue
+                cache[p] = decode_record(p, val)
+            while len(cache) > RECORD_CACHE:
+                cache.popitem(last=False)
+        out = []
         for p in positions:
             rec = pending.get(p)
-            if rec is not None:
-                out.append((p, rec.mid, rec.size))
-                continue
-            val = stored.get(p)
-            if val is None:
-                log.error("topic log: record %d is not in the store; skipped", p)
-                continue
-            r = decode_record(p, val)
-            out.append((p, r.msg_id, r.size))
+            if rec is None:
+                rec = cache.get(p)
+                if rec is None:
+                    continue
+            out.append((p, rec))
         return out
 
     # ------------------------------------------------------------------ the paged region
@@ -250,16 +273,12 @@ class SubscriptionLog:
         if not positions:
             return []
         cursor = self.log.members[qid].cursor
-        pending = self.pending
-        need = [p for p in positions if p not in pending]
-        stored = dict(zip(need, self.store.read_log(need))) if need else {}
         room = body_room(queue.memory_budget - queue.mem_bytes, queue.budget)
         out: list[Entry] = []
         unread: list[Entry] = []
         bodies = self.bodies
-        for p in positions:
-            rec = pending.get(p)
-            if rec is not None:
+        for p, rec in self._records(positions):
+            if isinstance(rec, Pending):
                 msg = rec.msg
                 entry = Entry.paged(p, rec.mid, size=shared_size(msg.size), priority=_priority(msg),
                                     delivery_count=cursor.delivery_count(p, msg.delivery_count),
@@ -270,21 +289,16 @@ class SubscriptionLog:
                 room -= msg.size
                 out.append(entry)
                 continue
-            val = stored.get(p)
-            if val is None:
-                log.error("queue %s: log record %d is not in the store; skipped", queue.name, p)
-                continue
-            r = decode_record(p, val)
-            entry = Entry.paged(p, r.msg_id, size=shared_size(r.size), priority=r.priority,
-                                delivery_count=cursor.delivery_count(p, r.delivery_count),
-                                expires_at=r.expires_at, deliver_at=r.deliver_at, group=r.group)
-            msg = bodies.get(r.msg_id)
+            entry = Entry.paged(p, rec.msg_id, size=shared_size(rec.size), priority=rec.priority,
+                                delivery_count=cursor.delivery_count(p, rec.delivery_count),
+                                expires_at=rec.expires_at, deliver_at=rec.deliver_at, group=rec.group)
+            msg = bodies.get(rec.msg_id)
             if msg is not None:
-                bodies.move_to_end(r.msg_id)
+                bodies.move_to_end(rec.msg_id)
                 entry.msg = msg
-                room -= r.size
-            elif r.size <= room:
-                room -= r.size
+                room -= rec.size
+            elif rec.size <= room:
+                room -= rec.size
                 unread.append(entry)
             out.append(entry)
         if unread:
@@ -303,9 +317,11 @@ class SubscriptionLog:
                 continue
             msg.store_id = entry.store_ref
             entry.msg = msg
-            bodies[entry.store_ref] = msg
-            if len(bodies) > BODY_CACHE:
-                bodies.popitem(last=False)
+            if entry.store_ref not in bodies:
+                bodies[entry.store_ref] = msg
+                self._body_bytes += msg.size
+        while self._body_bytes > BODY_CACHE and bodies:
+            self._body_bytes -= bodies.popitem(last=False)[1].size
 
     def load_body(self, entry: Entry) -> Message | None:
         """A member's paged entry read on dispatch: the shared copy when one was read."""

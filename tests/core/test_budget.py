@@ -37,6 +37,18 @@ def test_page_in_count(batch, room, each, count):
     assert page_in_count(batch, room, each) == count
 
 
+@pytest.mark.parametrize("batch, room, each, demand, count", [
+    (2000, 10**9, 400, 20, 40),                       # twice what the consumers may take
+    (2000, 10**9, 400, 0, MIN_PAGE_IN),               # no credit yet: a few, ready for it
+    (2000, 10**9, 400, 5000, 2000),                   # never more than the batch
+    (2000, 400 * 30, 400, 100, 30),                   # nor than the room holds
+    (2000, 0, 400, 100, MIN_PAGE_IN),                 # nor fewer than MIN_PAGE_IN
+    (2000, UNLIMITED, 400, 20, 2000),                 # no broker budget: the queue's batch
+])
+def test_page_in_count_follows_the_consumers_demand(batch, room, each, demand, count):
+    assert page_in_count(batch, room, each, demand) == count
+
+
 @pytest.mark.parametrize("low, room, each, result", [
     (1000, UNLIMITED, 400, 1000),
     (1000, 400 * 50, 400, 50),
@@ -45,6 +57,17 @@ def test_page_in_count(batch, room, each, count):
 ])
 def test_page_in_low(low, room, each, result):
     assert page_in_low(low, room, each) == result
+
+
+@pytest.mark.parametrize("low, room, each, demand, result", [
+    (1000, 10**9, 400, 20, 20),
+    (1000, 10**9, 400, 0, MIN_PAGE_IN),
+    (1000, 10**9, 400, 5000, 1000),
+    (1000, 400 * 10, 400, 100, MIN_PAGE_IN),
+    (1000, UNLIMITED, 400, 20, 1000),
+])
+def test_page_in_low_follows_the_consumers_demand(low, room, each, demand, result):
+    assert page_in_low(low, room, each, demand) == result
 
 
 def test_body_room_is_the_least_of_the_queue_and_the_broker():
