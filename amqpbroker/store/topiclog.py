@@ -386,12 +386,14 @@ class SubscriptionLog:
             binding = next((b for b in bound.get(id(queue), ()) if b.exchange == sub.binding.exchange
                             and b.key == sub.binding.key), None)
             self._enrol(queue, sub, binding, cursor)
+            # What may have been handed out comes back counted (store/marks.py): the
+            # delivery watermark becomes a bump, delivered states a count, in one batch.
             watermark = store.read_watermark(qid)
+            if cursor.recover(watermark) or watermark:
+                self._write_cursor(qid)
             if watermark:
-                cursor.recover(watermark)
                 marks[qid] = watermark
                 store.put_mark(qid, 0)
-                self._write_cursor(qid)
             last = max(last, watermark, cursor.floor - 1, cursor.joined - 1, *(cursor.bumps or [0]))
         lg.positions.last = max(lg.positions.last, last)
         rows = store.scan_log(scan_row)
@@ -418,15 +420,17 @@ class SubscriptionLog:
 
     def _takers(self, rid: int) -> list[int]:
         """Members a route's rule may take (recovery): those the exchange routes the
-        key to, as at publish time."""
+        key to, as at publish time, and those no longer bound (their rule still covers
+        what came before)."""
         route = self.log.routes.get(rid)
         members = self.log.members
         if route is None or route[0] != "exchange":
             return list(members)
         exchange = self.broker.exchanges.get(route[1])
+        unbound = [q for q, m in members.items() if m.cursor.left is not None]
         if exchange is None:
-            return []
-        return [b.queue.store_id for b in exchange.route(route[2]) if b.queue.store_id in members]
+            return unbound
+        return [b.queue.store_id for b in exchange.route(route[2]) if b.queue.store_id in members] + unbound
 
     # ------------------------------------------------------------------ reads by sequence
 

@@ -278,3 +278,115 @@ def test_page_in_is_bounded_by_the_broker_budget(rig, monkeypatch):
         q.add_consumer(RecordingConsumer(credit=0))          # consumers attached, no credit yet
     assert all(len(q._ready) <= queues.PAGE_IN_LOW for q in subs)
     assert all(len(q._ready) == 16 for q in subs)            # core/budget.py MIN_PAGE_IN each
+
+
+# ---------------------------------------------------------------------- failures and outcomes
+
+
+def test_a_fan_out_whose_batch_fails_leaves_every_subscription(rig):
+    from amqpbroker.store.base import StoreFault
+    from amqpbroker.store.faults import Faults
+    r = rig(queue_budget=1)                                   # one paged (counts only), one below
+    paged = r.subscribe("paged")
+    live = r.subscribe("live")
+    c = RecordingConsumer(credit=0)
+    live.add_consumer(c)
+    r.publish("news.eu", 2)
+    r.commit()
+    r.store._faults = r.store._outbox.faults = Faults.parse("seal:MemoryError@0*1")
+    r.publish("news.eu", 3, start=2)
+    assert isinstance(r.commit(), StoreFault)
+    assert paged.depth == 2 and live.depth == 2               # the three lost ones are gone
+    assert len(r.log_records()) == 2
+    assert r.commit() is None                                 # the store resumed
+    r.publish("news.eu", 1, start=5)
+    assert names(drain(paged)) == ["m00", "m01", "m05"]
+    live.remove_consumer(c, [], failed=False)
+    assert names(drain(live)) == ["m00", "m01", "m05"]
+
+
+def test_dead_lettered_after_max_attempts_moves_the_message_and_settles_the_position(rig):
+    from amqpbroker.core.broker import BrokerPolicy
+    r = rig(policy=BrokerPolicy(max_delivery_attempts=2, dead_letter_address="dlq"))
+    dlq = r.broker.declare_queue("dlq", durable=True)
+    q = r.subscribe("a")
+    r.publish("news.eu", 2)
+    for _ in range(2):
+        c = RecordingConsumer(credit=1)
+        q.add_consumer(c)
+        q.settle(c.delivered[0], Outcome.MODIFIED, delivery_failed=True)
+        q.remove_consumer(c, [], failed=False)
+    assert q.depth == 1 and dlq.depth == 1
+    r.close()
+    r2 = rig(policy=BrokerPolicy(max_delivery_attempts=2, dead_letter_address="dlq"))
+    assert names(drain(r2.queue("a"))) == ["m01"]
+    assert names(drain(r2.broker.queues["dlq"])) == ["m00"]
+
+
+def test_paged_messages_expire_when_paged_in(rig):
+    r = rig(queue_budget=1)
+    q = r.subscribe("a")
+    r.publish("news.eu", 2, ttl=0.01)
+    r.publish("news.eu", 1, start=2)
+    r.close()
+    r2 = rig()
+    q2 = r2.queue("a")
+    now = [10**12]
+    q2.clock = lambda: now[0]
+    assert q2.depth == 3
+    assert names(drain(q2)) == ["m02"]
+    assert q2.expired_total == 2
+    r2.close()
+    assert rig().queue("a").depth == 0
+
+
+def test_a_delivery_far_from_the_head_is_marked_in_the_cursor(rig):
+    from amqpbroker.store.marks import LOOKAHEAD
+    r = rig()
+    q = r.subscribe("a")
+    n = LOOKAHEAD + 10
+    r.publish("news.eu", n)
+    r.publish("news.eu", 1, start=n, priority=9)              # jumps the queue: far from the head
+    r.commit()
+    c = RecordingConsumer(credit=1)
+    q.add_consumer(c)
+    assert names(c.delivered) == [f"m{n}"]
+    assert r.dm.entry_marks == 1                              # no watermark over the whole backlog
+    r.crash()
+    r2 = rig()
+    got = drain(r2.queue("a"))
+    counts = {name: e.delivery_count for name, e in zip(names(got), got)}
+    assert counts[f"m{n}"] == 1 and counts["m00"] == 0 and len(got) == n + 1
+
+
+def test_browsing_a_subscription_shows_its_paged_messages(rig):
+    r = rig(queue_budget=1)
+    q = r.subscribe("a")
+    r.publish("news.eu", 3)
+    r.commit()
+    assert [q.peek_body(e).size > 0 for e, _ in q.waiting_after(0, 10)] == [True] * 3
+    assert q.depth == 3
+
+
+def test_unbinding_a_subscription_ends_its_rule_but_keeps_what_it_owes(rig):
+    r = rig()
+    q = r.subscribe("a")
+    r.publish("news.eu", 2)
+    binding = r.broker.bindings_of(q)[0]
+    r.broker.unbind(binding)
+    r.publish("news.eu", 1, start=2)                          # not routed to it any more
+    r.close()
+    r2 = rig()
+    assert names(drain(r2.queue("a"))) == ["m00", "m01"]
+
+
+def test_the_budget_is_given_back_when_everything_is_drained(rig):
+    r = rig(budget=1 << 20)
+    subs = [r.subscribe(f"s{i}") for i in range(3)]
+    p2p = r.broker.declare_queue("p2p", durable=True)
+    r.broker.bind("amq.topic", "news.#", p2p)
+    r.publish("news.eu", 50)
+    assert r.broker.budget.used > 0
+    for q in subs + [p2p]:
+        drain(q)
+    assert r.broker.budget.used == 0
