@@ -76,9 +76,12 @@ def page_in_count(batch: int, room: int, entry_bytes: int, demand: int | None = 
 def page_in_low(low: int, room: int, entry_bytes: int, demand: int | None = None) -> int:
     """Below how many ready entries a queue with a paged region pages in: under a
     broker budget, what its consumers may take now, within [MIN_PAGE_IN, low] and
-    what the room holds; without one, its own low-water mark."""
+    what the room holds (0 while they may take nothing: a consumer attaching
+    without credit reads nothing yet); without one, its own low-water mark."""
     if room >= UNLIMITED:
         return low
+    if demand == 0:
+        return 0
     want = low if demand is None else max(MIN_PAGE_IN, min(low, demand))
     return max(min(low, MIN_PAGE_IN), min(want, room // max(1, entry_bytes)))
 

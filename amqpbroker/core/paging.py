@@ -113,8 +113,8 @@ class PagedRegion:
                            self._demand())
 
     def _demand(self) -> int:
-        """What the queue's consumers may take now (their credit)."""
-        return sum(max(0, c.credit()) for c in self.consumers if not c.browser)
+        """What the queue's consumers (browsers too) may take now: their credit."""
+        return sum(max(0, c.credit()) for c in self.consumers)
 
     def _page_in(self) -> int:
         """Move the next entries of the paged region into memory, in sequence order

@@ -61,7 +61,8 @@ def test_page_in_low(low, room, each, result):
 
 @pytest.mark.parametrize("low, room, each, demand, result", [
     (1000, 10**9, 400, 20, 20),
-    (1000, 10**9, 400, 0, MIN_PAGE_IN),
+    (1000, 10**9, 400, 0, 0),                         # nobody may take anything: nothing is read
+    (1000, 10**9, 400, 1, MIN_PAGE_IN),
     (1000, 10**9, 400, 5000, 1000),
     (1000, 400 * 10, 400, 100, MIN_PAGE_IN),
     (1000, UNLIMITED, 400, 20, 1000),

@@ -276,8 +276,10 @@ def test_page_in_is_bounded_by_the_broker_budget(rig, monkeypatch):
     r.commit()
     for q in subs:
         q.add_consumer(RecordingConsumer(credit=0))          # consumers attached, no credit yet
-    assert all(len(q._ready) <= queues.PAGE_IN_LOW for q in subs)
-    assert all(len(q._ready) == 16 for q in subs)            # core/budget.py MIN_PAGE_IN each
+    assert all(len(q._ready) == 0 for q in subs)             # nothing read for them yet
+    for q in subs:
+        q.add_consumer(RecordingConsumer(credit=1))
+    assert all(len(q._ready) == 16 - 1 for q in subs)        # core/budget.py MIN_PAGE_IN each, one taken
 
 
 # ---------------------------------------------------------------------- failures and outcomes
