@@ -79,7 +79,11 @@ class Cursor:
 
     def settle(self, p: int, next_owed: NextOwed) -> bool:
         """Owed position `p` is settled; False when it already was."""
-        self.states.pop(p, None)
+        if self.states:
+            self.states.pop(p, None)
+        if p == self.floor:   # a FIFO drain: the floor moves on
+            self._advance(next_owed(p), next_owed)
+            return True
         if p < self.floor:
             return False
         self._advance(next_owed(self.floor - 1), next_owed)   # the floor: the first owed position

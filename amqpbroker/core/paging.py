@@ -109,12 +109,18 @@ class PagedRegion:
         budget = self.budget
         if budget is None or not budget.limit:
             return self.page_in_low
+        demand = self._demand()
+        if not demand:
+            return 0
         return page_in_low(self.page_in_low, budget.room(), entry_bytes(self.paged_bytes, self.paged_count),
-                           self._demand())
+                           demand)
 
     def _demand(self) -> int:
         """What the queue's consumers (browsers too) may take now: their credit."""
-        return sum(max(0, c.credit()) for c in self.consumers)
+        consumers = self.consumers
+        if len(consumers) == 1:
+            return max(0, consumers[0].credit())
+        return sum(max(0, c.credit()) for c in consumers)
 
     def _page_in(self) -> int:
         """Move the next entries of the paged region into memory, in sequence order

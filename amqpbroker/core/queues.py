@@ -343,12 +343,14 @@ class Queue(PagedRegion, LimitedQueue, WaitingEntries, QueueBrowsers, EntryPicki
 
     def _dispatch_round(self) -> None:
         consumers = self.consumers
-        if self.paged_count and consumers and len(self._ready) < self._page_low():
+        if (self.paged_count and consumers and self._ready.count < self.page_in_low
+                and self._ready.count < self._page_low()):
             self._page_in()
         if self.browsers:
             self._browse()
         while (self._ready.count or self.paged_count) and consumers and self._slice:
-            if self.paged_count and len(self._ready) < self._page_low():
+            if (self.paged_count and self._ready.count < self.page_in_low
+                    and self._ready.count < self._page_low()):
                 if not self._page_in() and not self._ready:
                     return
                 if not self._ready:

@@ -52,7 +52,7 @@ class Member:
     """A durable subscription queue of the log: its cursor and its rule (the
     subscription binding; `exchange` None: no rule, every record names it)."""
 
-    __slots__ = ("queue_id", "cursor", "exchange", "kind", "binding_key", "_takes")
+    __slots__ = ("queue_id", "cursor", "exchange", "kind", "binding_key", "_takes", "next_owed")
 
     def __init__(self, queue_id: int, cursor: Cursor, exchange: str | None = None,
                  kind: ExchangeType | None = None, binding_key: str | None = None):
@@ -62,6 +62,7 @@ class Member:
         self.kind = kind
         self.binding_key = binding_key
         self._takes: dict[int, bool] = {}
+        self.next_owed: Callable[[int], int] | None = None   # TopicLog.next_owed(member), made once
 
     def takes(self, rid: int, route: Route) -> bool:
         """Whether the member's rule takes records of this route (at covered positions)."""
@@ -232,7 +233,10 @@ class TopicLog:
         m = self.members.get(qid)
         if m is None or not self._owes(m, pos):
             return False
-        if not m.cursor.settle(pos, self.next_owed(m)):
+        nxt = m.next_owed
+        if nxt is None:
+            nxt = m.next_owed = self.next_owed(m)
+        if not m.cursor.settle(pos, nxt):
             return False
         return self._release(pos)
 

@@ -64,6 +64,7 @@ class SubscriptionLog:
         self.log = TopicLog()
         self.queues: dict[int, Queue] = {}          # member queue id -> queue
         self.primary: dict[int, Binding] = {}       # member queue id -> its subscription binding
+        self._stored: dict[int, tuple[bytes, StoredCursor]] = {}   # member queue id -> (key, record)
         self.pending: dict[int, Pending] = {}       # position -> record until its batch commits
         self.bodies: OrderedDict[int, Message] = OrderedDict()
         self._body_bytes = 0
@@ -116,13 +117,18 @@ class SubscriptionLog:
         self._free_all(freed)
         self.queues.pop(qid, None)
         self.primary.pop(qid, None)
+        self._stored.pop(qid, None)
         self.store.writes().put_live("cursors", key(qid), None)
         self._drop_routes()
 
     def _write_cursor(self, qid: int) -> None:
-        m = self.log.members.get(qid)
-        if m is not None:
-            self.store.writes().put_live("cursors", key(qid), StoredCursor(m.cursor))
+        stored = self._stored.get(qid)
+        if stored is None:
+            m = self.log.members.get(qid)
+            if m is None:
+                return
+            stored = self._stored[qid] = (key(qid), StoredCursor(m.cursor))
+        self.store.writes().put_live("cursors", stored[0], stored[1])
 
     # ------------------------------------------------------------------ fan-out
 
