@@ -56,6 +56,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+from backlog import kill_now  # noqa: E402  (bench/backlog.py: the benches' process-group kill)
 PYTHON = REPO / ".venv" / "bin" / "python"
 LISTEN_RE = re.compile(r"amqp listening on [\d.]+:(\d+)")
 RECOVERED_RE = re.compile(r"store recovered .* in ([\d.]+) s")
@@ -269,7 +271,7 @@ def collect(procs: list[subprocess.Popen], timeout: float) -> list[dict]:
         try:
             stdout, stderr = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            kill_group(p)
+            kill_now(p)
             stdout, stderr = p.communicate()
         line = next((ln for ln in reversed(stdout.splitlines()) if ln.startswith("{")), None)
         out.append(json.loads(line) if line else {"error": stderr.strip()[-400:]})
@@ -277,15 +279,6 @@ def collect(procs: list[subprocess.Popen], timeout: float) -> list[dict]:
 
 
 # ---------------------------------------------------------------------- broker process
-
-
-def kill_group(proc: subprocess.Popen | None) -> None:
-    if proc is not None and proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(10)
 
 
 def rss(pid: int) -> int:
@@ -367,10 +360,10 @@ class Broker:
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            kill_group(self.proc)
+            kill_now(self.proc)
 
     def kill(self) -> None:
-        kill_group(self.proc)
+        kill_now(self.proc)
 
     def recovered(self) -> str:
         for line in self.lines:

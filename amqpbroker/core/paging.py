@@ -47,6 +47,7 @@ class PagedRegion:
     budget: Any
     in_log: bool
     _schedule: Any
+    _forget_memory: Any
 
     def restore_paged(self, cursor: int, count: int, size: int) -> None:
         """Recovery: `count` stored entries (`size` bytes) after sequence `cursor` stay
@@ -61,9 +62,7 @@ class PagedRegion:
         from memory (the body's bytes stay in `mem_bytes` until then).  A topic log
         member's entry goes at once: the log holds its record until the commit."""
         if self.in_log:
-            self.mem_bytes -= entry.size
-            if self.budget is not None:
-                self.budget.used -= ENTRY_COST + entry.size
+            self._forget_memory(entry)
             self.page_log(entry.seq, entry.size)
             return
         if not self.paged_count:
@@ -96,12 +95,7 @@ class PagedRegion:
         if error is None:
             entry = self._pending_page.pop(seq, None)
             if entry is not None:
-                held = ENTRY_COST
-                if entry.msg is not None:
-                    self.mem_bytes -= entry.size
-                    held += entry.size
-                if self.budget is not None:
-                    self.budget.used -= held
+                self._forget_memory(entry)
 
     def _page_low(self) -> int:
         """Below how many ready entries the paged region is read (core/budget.py: what

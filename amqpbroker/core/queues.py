@@ -504,16 +504,20 @@ class Queue(PagedRegion, LimitedQueue, WaitingEntries, QueueBrowsers, EntryPicki
 
     def _drop(self, entry: Entry) -> None:
         self.bytes -= entry.size
+        self._forget_memory(entry)
+        if self.hooks is not None:
+            self.hooks.entry_removed(self, entry)
+        if self._room is not None:
+            self._room_check()
+
+    def _forget_memory(self, entry: Entry) -> None:
+        """An entry leaves memory: its body's bytes and its cost go back (core/budget.py)."""
         held = ENTRY_COST
         if entry.msg is not None:
             self.mem_bytes -= entry.size
             held += entry.size
         if self.budget is not None:
             self.budget.used -= held
-        if self.hooks is not None:
-            self.hooks.entry_removed(self, entry)
-        if self._room is not None:
-            self._room_check()
 
     # ------------------------------------------------------------------ admin
 

@@ -215,17 +215,23 @@ class DurabilityManager:
             return
         store = self.store
         writes = store.writes()
-        mid = msg.store_id
-        if mid is None:
-            mid = msg.store_id = store.new_msg_id()
-            writes.put_message(mid, msg.raw)
-        else:  # the same message in another durable queue: one body, one more reference
-            self.refs[mid] = self.refs.get(mid, 1) + 1
+        mid = self._hold_message(msg)
         entry.store_ref = mid
         entry.stored_in = store.batch
         self.tails[queue.store_id] = entry.seq
         entry.size = _shared(entry.size)   # outlives the body once paged out: one int per size
         writes.put_entry(queue.store_id, entry)   # live: encoded as it is at the batch's hand-over
+
+    def _hold_message(self, msg: Message) -> int:
+        """One more reference to a durable message's stored bytes (an entry, a topic
+        log record): the bytes are written with the first; its store id."""
+        mid = msg.store_id
+        if mid is None:
+            mid = msg.store_id = self.store.new_msg_id()
+            self.store.writes().put_message(mid, msg.raw)
+        else:  # the same message in another durable queue: one body, one more reference
+            self.refs[mid] = self.refs.get(mid, 1) + 1
+        return mid
 
     def _entry_removed(self, queue: Queue, entry: Entry) -> None:
         mid = entry.store_ref

@@ -144,12 +144,7 @@ class SubscriptionLog:
     def _append(self, msg: Message, pos: int, route: tuple, qids: list[int]) -> Pending:
         store = self.store
         writes = store.writes()
-        mid = msg.store_id
-        if mid is None:
-            mid = msg.store_id = store.new_msg_id()
-            writes.put_message(mid, msg.raw)
-        else:   # the body is stored already (another queue's entry): one more reference
-            self.dm.refs[mid] = self.dm.refs.get(mid, 1) + 1
+        mid = self.dm._hold_message(msg)
         rid, new = self.log.route(route)
         if new:
             writes.put_meta("set", "routes", key(rid), encode_route(route))

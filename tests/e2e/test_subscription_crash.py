@@ -18,11 +18,11 @@ from proton import Timeout
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
-from tests.client import connect
+from proton import Terminus
+
+from tests.client import SourceOptions, connect
 from tests.e2e.crash_support import produce_until_crash, send_durable
 from tests.e2e.jms_links import UNSETTLED_STATE, durable_consumer
-from tests.client import SourceOptions
-from proton import Terminus
 
 pytestmark = pytest.mark.e2e
 
@@ -43,8 +43,9 @@ def subscribe_all(url: str, key: str) -> list[str]:
     return names
 
 
-def drain_all(url: str, key: str, names: list[str]) -> dict[str, list[tuple[str, int]]]:
-    """Every subscription emptied: name -> [(message id, delivery-count)] in arrival order."""
+def drain_all(url: str, key: str, names: list[str], quiet: float = 1.0) -> dict[str, list[tuple[str, int]]]:
+    """Every subscription emptied (nothing more for `quiet` seconds): name -> [(message
+    id, delivery-count)] in arrival order."""
     got: dict[str, list[tuple[str, int]]] = {}
     conn = connect(url, container_id=CLIENT)
     try:
@@ -53,7 +54,7 @@ def drain_all(url: str, key: str, names: list[str]) -> dict[str, list[tuple[str,
             out = got[name] = []
             while True:
                 try:
-                    m = rcv.receive(timeout=1.0)
+                    m = rcv.receive(timeout=quiet)
                 except Timeout:
                     break
                 out.append((m.id, m.delivery_count))
@@ -90,7 +91,7 @@ def test_sigkill_in_the_middle_of_a_fan_out_loses_nothing_accepted(broker_factor
         assert all(count == 0 for _, count in got[name]), f"{info}: {name}: nothing was delivered before"
     # A second restart changes nothing: everything was acknowledged.
     b.restart()
-    assert all(not v for v in drain_all(b.url, key, names).values())
+    assert all(not v for v in drain_all(b.url, key, names, quiet=0.3).values())
 
 
 class _Drainer(MessagingHandler):

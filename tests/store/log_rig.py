@@ -4,7 +4,6 @@ real LMDB in tmp_path, the real writer process, a real asyncio loop."""
 
 from __future__ import annotations
 
-import asyncio
 import struct
 
 from amqpbroker.core.addresses import AddressKind, Resolution
@@ -17,6 +16,7 @@ from amqpbroker.core.terms import Durability, ExpiryPolicy, SourceTerms
 from amqpbroker.store.durability import DurabilityManager
 from amqpbroker.store.lmdb_store import LmdbStore
 from tests.core.helpers import RecordingConsumer, bodies, make_message
+from tests.store.helpers import commit
 
 
 class LogRig:
@@ -59,9 +59,8 @@ class LogRig:
     # ---- store
 
     def commit(self, timeout: float = 20.0):
-        fut = self.loop.create_future()
-        self.store.after_commit(lambda err: fut.set_result(err))
-        return self.loop.run_until_complete(asyncio.wait_for(fut, timeout))
+        """Run the loop until everything queued so far is committed; its error."""
+        return commit(self.loop, self.store, timeout)
 
     def close(self):
         self.commit()

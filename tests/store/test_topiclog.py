@@ -6,7 +6,6 @@ memory budget behave as for any durable queue."""
 
 from __future__ import annotations
 
-import asyncio
 
 import pytest
 
@@ -16,13 +15,6 @@ from amqpbroker.core.queues import Outcome
 from amqpbroker.core.waiting import PAGED
 from tests.core.helpers import RecordingConsumer, make_message
 from tests.store.log_rig import LogRig, drain, names
-
-
-@pytest.fixture
-def loop():
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
 
 
 @pytest.fixture

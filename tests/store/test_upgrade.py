@@ -5,9 +5,7 @@ it with a store the old broker wrote)."""
 
 from __future__ import annotations
 
-import asyncio
 
-import pytest
 
 from amqpbroker.store.base import EntryRecord
 from amqpbroker.store.upgrade import DIRECT_ROUTE, EVERY_ROUTE, plan
@@ -66,13 +64,6 @@ def test_positions_continue_after_the_log():
 
 
 # ---------------------------------------------------------------------- a store of the old layout
-
-
-@pytest.fixture
-def loop():
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
 
 
 def test_a_store_of_per_entry_subscription_queues_restarts_with_every_message(tmp_path, loop):
