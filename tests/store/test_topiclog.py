@@ -6,7 +6,6 @@ memory budget behave as for any durable queue."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from amqpbroker.core import queues

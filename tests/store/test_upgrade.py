@@ -5,8 +5,6 @@ it with a store the old broker wrote)."""
 
 from __future__ import annotations
 
-
-
 from amqpbroker.store.base import EntryRecord
 from amqpbroker.store.upgrade import DIRECT_ROUTE, EVERY_ROUTE, plan
 from tests.store.log_rig import LogRig, drain, names
