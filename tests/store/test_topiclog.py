@@ -383,3 +383,34 @@ def test_the_budget_is_given_back_when_everything_is_drained(rig):
     for q in subs + [p2p]:
         drain(q)
     assert r.broker.budget.used == 0
+
+
+def test_moving_a_subscriptions_backlog_elsewhere_is_exact_across_a_restart(rig):
+    from amqpbroker.core.moves import Move, compile_filter
+    r = rig(queue_budget=1)                                   # the backlog lives in the log only
+    q, other = r.subscribe("a"), r.subscribe("b")
+    r.broker.declare_queue("dst", durable=True)
+    r.publish("news.eu", 6)
+    r.commit()
+    move = Move(r.broker, q, to="dst", replay=False, selector=compile_filter("n >= 3"))
+    while not move.step():
+        pass
+    assert move.report.moved == 3 and q.depth == 3
+    r.close()
+    r2 = rig()
+    assert names(drain(r2.queue("a"))) == ["m00", "m01", "m02"]
+    assert names(drain(r2.broker.queues["dst"])) == ["m03", "m04", "m05"]
+    assert names(drain(r2.queue("b"))) == [f"m{i:02d}" for i in range(6)]   # other subscriptions untouched
+
+
+def test_a_store_with_a_topic_log_walks_clean(rig):
+    from amqpbroker.store.verify import walk
+    r = rig()
+    a, b = r.subscribe("a"), r.subscribe("b", selector="n < 1")
+    r.publish("news.eu", 3)
+    drain(a, 1)
+    r.close()
+    report = walk(r.store.path, full=True)
+    assert report.ok, report.problems
+    assert report.counts["cursors"] == 2 and report.counts["routes"] == 1 and report.counts["entries"] == 3
+    assert not [n for n in report.notes if "no queue record" in n or "not one this broker uses" in n]
