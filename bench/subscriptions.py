@@ -409,6 +409,7 @@ def run(n_subs: int, a: argparse.Namespace, tmp: Path) -> dict:
         result["publish_s"] = publish_s
         time.sleep(a.settle)
         result["rss_after_publish_mib"] = rss(broker.proc.pid) / MB
+        result["peak_rss_before_mib"] = broker.peak / MB
         result["store_mib"] = store_bytes(data) / MB
         log(f"published in {publish_s:.1f} s; RSS {result['rss_after_publish_mib']:.0f} MiB, "
             f"store {result['store_mib']:.0f} MiB; restarting")
@@ -465,6 +466,7 @@ ROWS = [
     ("attach rate (subscriptions/s)", "attach_per_s", "{:,.0f}"),
     ("publish rate (enqueues/s)", "publish_enqueues_per_s", "{:,.0f}"),
     ("RSS after publish (MiB)", "rss_after_publish_mib", "{:,.0f}"),
+    ("peak RSS while attaching and publishing (MiB)", "peak_rss_before_mib", "{:,.0f}"),
     ("store size (MiB)", "store_mib", "{:,.1f}"),
     ("restart to listening (s)", "restart_to_listening_s", "{:.2f}"),
     ("  of which store recovery (s)", "recovery_s", "{}"),

@@ -64,6 +64,10 @@ class Broker:
         # slices with it): None dispatches everything at once.
         self.defer: Callable[[Callable[[], None]], Any] | None = None
         self.created_by: dict[str, int] = {}   # user → queues its addresses created (this run)
+        # A routing result without filters (Exchange.route's cached tuple, held here so its
+        # id stays its own) → its queues, each once: a fan-out to 10,000 subscriptions
+        # does not dedupe 10,000 bindings per message.
+        self._unfiltered: dict[int, tuple[tuple, tuple[Queue, ...]]] = {}
         self.timers: set[Queue] = set()        # queues holding scheduled (delayed) entries
         # Temporary (dynamic) queues and topic exchanges → the connection that made them.
         self.temporaries: dict[str, Any] = {}
@@ -330,6 +334,9 @@ class Broker:
         bindings = exchange.route(self.routing_key(key, msg))
         if len(bindings) == 1 and bindings[0].filter is None:
             return [bindings[0].queue]
+        hit = self._unfiltered.get(id(bindings))
+        if hit is not None and hit[0] is bindings:
+            return list(hit[1])   # a fan-out without filters: its queues, once per routing result
         seen: dict[int, Queue] = {}
         for binding in bindings:
             queue = binding.queue
@@ -338,7 +345,12 @@ class Broker:
             if binding.filter is not None and not binding.filter(msg):
                 continue
             seen[id(queue)] = queue
-        return list(seen.values())
+        queues = list(seen.values())
+        if len(bindings) > 8 and all(b.filter is None for b in bindings):
+            if len(self._unfiltered) >= 64:
+                self._unfiltered.clear()
+            self._unfiltered[id(bindings)] = (bindings, tuple(queues))
+        return queues
 
     # ------------------------------------------------------------------ timers
 

@@ -29,6 +29,7 @@ Route = tuple  # ("exchange", name, routing key) | ("direct",) | ("every",)
 DIRECT: Route = ("direct",)     # reaches members through `plus` only
 EVERY: Route = ("every",)       # every member whose rule covers the position (the store upgrade's)
 TRIM_RUN = 1024                 # free positions at the head of the index before it is cut
+RULE_SETS = 64                  # routes whose rule members are kept (core of a fan-out's classification)
 
 
 class Positions:
@@ -92,7 +93,7 @@ class TopicLog:
         self.route_refs: dict[int, int] = {}  # route id -> records naming it
         self.next_route = 1
         self.members: dict[int, Member] = {}
-        self._rule_counts: dict[int, int] = {}   # route id -> members (still bound) whose rule takes it
+        self._rule_sets: dict[int, frozenset] = {}   # route id -> members (still bound) whose rule takes it
         self.records = 0
         self.freed_routes: list[int] = []     # routes no record names any more (the store deletes them)
         self._free_head = 0                   # index slots at the head known to be free
@@ -121,23 +122,25 @@ class TopicLog:
     def append(self, pos: int, rid: int, routed: list[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """A record at `pos` (just allocated) with route `rid` reached the members
         `routed` (queue ids): its exceptions to the rules, (plus, minus)."""
-        route = self.routes[rid]
-        members = self.members
-        plus = []
-        by_rule = 0
-        for qid in routed:
-            m = members[qid]
-            if m.cursor.covers(pos) and m.takes(rid, route):
-                by_rule += 1
-            else:
-                plus.append(qid)
+        takers = self._rule_set(rid)
+        plus = [q for q in routed if q not in takers]
         minus: tuple[int, ...] = ()
-        if self.rule_count(rid) > by_rule:   # a rule took what the exchange did not route
-            got = set(routed)
-            minus = tuple(q for q, m in members.items()
-                          if q not in got and m.cursor.covers(pos) and m.takes(rid, route))
+        if len(takers) > len(routed) - len(plus):   # a rule took what the exchange did not route
+            minus = tuple(takers.difference(routed))
         self.put(pos, rid, len(routed), frozenset(plus), frozenset(minus))
         return tuple(plus), minus
+
+    def _rule_set(self, rid: int) -> frozenset:
+        """The members still bound whose rule takes route `rid` (they cover every new
+        position): kept for the last RULE_SETS routes, dropped when members change."""
+        hit = self._rule_sets.get(rid)
+        if hit is None:
+            route = self.routes[rid]
+            hit = frozenset(q for q, m in self.members.items() if m.cursor.left is None and m.takes(rid, route))
+            if len(self._rule_sets) >= RULE_SETS:
+                self._rule_sets.pop(next(iter(self._rule_sets)))
+            self._rule_sets[rid] = hit
+        return hit
 
     def put(self, pos: int, rid: int, owing: int, plus: frozenset = frozenset(),
             minus: frozenset = frozenset()) -> None:
@@ -268,7 +271,7 @@ class TopicLog:
         route = self.routes.pop(rid)
         self.route_ids.pop(route, None)
         self.route_refs.pop(rid, None)
-        self._rule_counts.pop(rid, None)
+        self._rule_sets.pop(rid, None)
         self.freed_routes.append(rid)
 
     def _trim(self) -> None:
@@ -295,17 +298,14 @@ class TopicLog:
 
     def join(self, member: Member) -> None:
         self.members[member.queue_id] = member
-        if member.cursor.left is None:
-            for rid, n in self._rule_counts.items():
-                if member.takes(rid, self.routes[rid]):
-                    self._rule_counts[rid] = n + 1
+        self._rule_sets.clear()
 
     def unbind(self, qid: int) -> None:
         """The member's subscription binding is gone: its rule covers no later position."""
         m = self.members.get(qid)
         if m is not None and m.cursor.left is None:
             m.cursor.left = self.positions.last + 1
-            self._leave_counts(m)
+            self._rule_sets.clear()
 
     def leave(self, qid: int) -> list[int]:
         """The member is deleted: every position it still owes is released; returns
@@ -318,24 +318,12 @@ class TopicLog:
             if self._release(pos):
                 freed.append(pos)
         del self.members[qid]
-        if m.cursor.left is None:
-            self._leave_counts(m)
+        self._rule_sets.clear()
         return freed
 
-    def _leave_counts(self, m: Member) -> None:
-        for rid, n in self._rule_counts.items():
-            if m.takes(rid, self.routes[rid]):
-                self._rule_counts[rid] = n - 1
-
     def rule_count(self, rid: int) -> int:
-        """Members still bound whose rule takes route `rid` (counted once, then kept up
-        to date as members join and leave)."""
-        n = self._rule_counts.get(rid)
-        if n is None:
-            route = self.routes[rid]
-            n = self._rule_counts[rid] = sum(1 for m in self.members.values()
-                                             if m.cursor.left is None and m.takes(rid, route))
-        return n
+        """Members still bound whose rule takes route `rid`."""
+        return len(self._rule_set(rid))
 
     def member_positions(self, qid: int) -> Iterator[int]:
         """Every position member `qid` owes and has not settled (recovery, deletion)."""
