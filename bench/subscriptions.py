@@ -258,10 +258,15 @@ def worker_main(argv: list[str]) -> int:
     return 0
 
 
+SPAWNED: list[subprocess.Popen] = []   # client processes, killed at the end whatever happens
+
+
 def spawn(spec: dict) -> subprocess.Popen:
-    return subprocess.Popen([str(PYTHON), str(Path(__file__).resolve()), "--worker", json.dumps(spec)],
+    proc = subprocess.Popen([str(PYTHON), str(Path(__file__).resolve()), "--worker", json.dumps(spec)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
+    SPAWNED.append(proc)
+    return proc
 
 
 def collect(procs: list[subprocess.Popen], timeout: float) -> list[dict]:
@@ -517,12 +522,15 @@ def main(argv=None) -> int:
     ap.add_argument("--json", metavar="OUT")
     ap.add_argument("--keep-tmp", action="store_true")
     a = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # a SIGTERM still runs the clean-up below
     tmp = Path(tempfile.mkdtemp(prefix="subscriptions-"))
     results = []
     try:
         for n in [int(x) for x in a.subs.split(",") if x]:
             results.append(run(n, a, tmp))
     finally:
+        for proc in SPAWNED:
+            kill_now(proc)
         if not a.keep_tmp:
             shutil.rmtree(tmp, ignore_errors=True)
         else:
