@@ -154,6 +154,10 @@ class StoreConfig(StrictModel):
     # Per durable queue: message bodies kept in memory beyond this many bytes are
     # dropped once stored and read back from the store on dispatch (0: no limit).
     queue_memory_budget: int = Field(16 << 20, ge=0)
+    memory_budget: int = Field(128 << 20, ge=0, description=(
+        "Bytes of queued messages (entries and their bodies) all queues together keep in memory; "
+        "beyond it durable queues keep new persistent messages in the store only and read them back "
+        "as consumers need them (0: no broker-wide budget). Keep it well below the memory alarm."))
     # Walk every page of the store (in a child process) before opening it, so that a
     # damaged file stops the broker with a clear line instead of a SIGBUS later.
     # Costs about a second per million stored messages at start.

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from .addresses import AddressKind, AddressNotFound, Resolution, resolve
+from .budget import MemoryBudget
 from .deadletters import AnnotationError, mark_dead_lettered, return_address
 from .exchanges import Binding, BindingFilter, Exchange, ExchangeType
 from .limits import OVERFLOW_REASON, Admission, LimitRule, QueueLimits, limits_for
@@ -66,9 +67,19 @@ class Broker:
         # slices with it): None dispatches everything at once.
         self.defer: Callable[[Callable[[], None]], Any] | None = None
         self.created_by: dict[str, int] = {}   # user → queues its addresses created (this run)
+        # A routing result without filters (Exchange.route's cached tuple, held here so its
+        # id stays its own) → its queues, each once: a fan-out to 10,000 subscriptions
+        # does not dedupe 10,000 bindings per message.
+        self._unfiltered: dict[int, tuple[tuple, tuple[Queue, ...]]] = {}
         self.timers: set[Queue] = set()        # queues holding scheduled (delayed) entries
         # Temporary (dynamic) queues and topic exchanges → the connection that made them.
         self.temporaries: dict[str, Any] = {}
+        # The broker-wide memory budget every queue charges (core/budget.py; None: none).
+        self.budget: MemoryBudget | None = None
+        # The topic log (store/topiclog.py): fan_out(msg, exchange, key, members) stores a
+        # message for the durable subscription queues it reaches and returns its position
+        # (their sequence number).  Set by the persistence layer; None without one.
+        self.fan_out: Callable[[Message, str | None, str | None, list[Queue]], int] | None = None
         # Hooks for the store (durable entities) — set by the persistence layer.
         self.on_queue_declared: Callable[[Queue], None] | None = None
         self.on_queue_deleted: Callable[[Queue], None] | None = None
@@ -116,6 +127,7 @@ class Broker:
         )
         queue.defer = self.defer
         queue.timers = self.timers
+        queue.budget = self.budget
         queue.limits = limits_for(name, self.policy.queue_limits, limits)
         queue.declared_limits = limits
         self.queues[name] = queue
@@ -250,9 +262,33 @@ class Broker:
         if enforce_limits:
             self._admit(queues, msg.size)
         self.routed_total += 1
+        fan_out = self.fan_out
+        members = [q for q in queues if q.in_log] if fan_out is not None else None
+        if members:
+            # One log record, one position for every durable subscription it reaches.
+            exchange, key = self.routed_by(target, msg)
+            pos = fan_out(msg, exchange, key, members)
+            for queue in queues:
+                queue.enqueue(msg, pos if queue.in_log else None)
+            return queues
         for queue in queues:
             queue.enqueue(msg)
         return queues
+
+    def routed_by(self, target: Resolution, msg: Message) -> tuple[str | None, str | None]:
+        """The exchange and key a message published to `target` is routed by (None,
+        None when the target is a queue)."""
+        if target.kind in (AddressKind.QUEUE, AddressKind.NEW_QUEUE):
+            return None, None
+        return target.name, self.routing_key(target.key, msg)
+
+    @staticmethod
+    def routing_key(key: str | None, msg: Message) -> str:
+        """The key an exchange routes by: the address's, else the message subject."""
+        if key is not None:
+            return key
+        subject = msg.prop("subject") if msg.has_section(0x73) else None
+        return "" if subject is None else str(subject)
 
     def destinations(self, msg: Message, target: Resolution, creator: str | None = None) -> list[Queue]:
         """The queues `target` routes `msg` to (a queue it names is created)."""
@@ -294,12 +330,12 @@ class Broker:
         exchange = self.exchanges.get(exchange_name)
         if exchange is None:
             raise AddressNotFound(exchange_name, f"exchange '{exchange_name}' no longer exists")
-        if key is None:
-            subject = msg.prop("subject") if msg.has_section(0x73) else None
-            key = "" if subject is None else str(subject)
-        bindings = exchange.route(key)
+        bindings = exchange.route(self.routing_key(key, msg))
         if len(bindings) == 1 and bindings[0].filter is None:
             return [bindings[0].queue]
+        hit = self._unfiltered.get(id(bindings))
+        if hit is not None and hit[0] is bindings:
+            return list(hit[1])   # a fan-out without filters: its queues, once per routing result
         seen: dict[int, Queue] = {}
         for binding in bindings:
             queue = binding.queue
@@ -308,7 +344,12 @@ class Broker:
             if binding.filter is not None and not binding.filter(msg):
                 continue
             seen[id(queue)] = queue
-        return list(seen.values())
+        queues = list(seen.values())
+        if len(bindings) > 8 and all(b.filter is None for b in bindings):
+            if len(self._unfiltered) >= 64:
+                self._unfiltered.clear()
+            self._unfiltered[id(bindings)] = (bindings, tuple(queues))
+        return queues
 
     # ------------------------------------------------------------------ timers
 

@@ -123,6 +123,20 @@ def held_batch(stored_in: int) -> int:
     return -2 - stored_in if stored_in < -1 else stored_in
 
 
+_SIZES: dict[int, int] = {}
+
+
+def shared_size(n: int) -> int:
+    """One int object per message size (bounded memory): a paged-out entry keeps its
+    size, and 1M entries of one size need not hold 1M equal ints (32 bytes each)."""
+    s = _SIZES.get(n)
+    if s is None:
+        if len(_SIZES) >= 65536:
+            return n
+        _SIZES[n] = s = n
+    return s
+
+
 _SEQ = attrgetter("seq")
 BLOCK = 512          # entries per block of a level (a block splits past twice that)
 

@@ -58,6 +58,17 @@ def _match(pattern: tuple[str, ...], words: tuple[str, ...]) -> bool:
     return False
 
 
+def binding_matches(kind: ExchangeType, binding_key: str, routing_key: str) -> bool:
+    """Whether a binding with `binding_key` on an exchange of this type takes a message
+    routed with `routing_key`: the test `Exchange.route` applies to each binding (the
+    topic log decides by it which subscriptions a stored message reached)."""
+    if kind is ExchangeType.FANOUT:
+        return True
+    if kind is ExchangeType.DIRECT:
+        return binding_key == routing_key
+    return topic_matches(binding_key, routing_key)
+
+
 _ROUTE_CACHE_LIMIT = 10_000
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from .budget import ENTRY_COST, entry_bytes, page_in_count, page_in_low
 from .entries import Entry
 
 log = logging.getLogger("amqpbroker.queue")
@@ -30,6 +31,7 @@ class PagedRegion:
     __slots__ = ()
 
     name: str
+    consumers: list
     _ready: Any
     _delayed: list
     _pending_page: dict
@@ -42,7 +44,10 @@ class PagedRegion:
     bytes: int
     acked_total: int
     hooks: Any
+    budget: Any
+    in_log: bool
     _schedule: Any
+    _forget_memory: Any
 
     def restore_paged(self, cursor: int, count: int, size: int) -> None:
         """Recovery: `count` stored entries (`size` bytes) after sequence `cursor` stay
@@ -54,7 +59,12 @@ class PagedRegion:
 
     def _page(self, entry: Entry) -> None:
         """Put a new stored entry in the paged region: held until its commit, then gone
-        from memory (the body's bytes stay in `mem_bytes` until then)."""
+        from memory (the body's bytes stay in `mem_bytes` until then).  A topic log
+        member's entry goes at once: the log holds its record until the commit."""
+        if self.in_log:
+            self._forget_memory(entry)
+            self.page_log(entry.seq, entry.size)
+            return
         if not self.paged_count:
             self.page_cursor = entry.seq - 1   # every stored entry after it is paged
         self._pending_page[entry.seq] = entry
@@ -62,13 +72,49 @@ class PagedRegion:
         self.paged_bytes += entry.size
         self.hooks.page_out(self, entry)
 
+    def page_log(self, seq: int, size: int) -> None:
+        """A topic log member (store/topiclog.py): position `seq` of `size` bytes joins
+        the paged region without any object (the caller counted it in `bytes`)."""
+        if not self.paged_count:
+            self.page_cursor = seq - 1
+        self.paged_count += 1
+        self.paged_bytes += size
+        if self.consumers:
+            self.dispatch()
+
+    def forget_paged(self, size: int) -> None:
+        """A position of a topic log member's paged region was not stored after all
+        (a failed batch; its producer is told so)."""
+        self.paged_count -= 1
+        self.paged_bytes -= size
+        self.bytes -= size
+
     def page_committed(self, seq: int, error: BaseException | None = None) -> None:
         """The store committed a paged entry: forget it (unless paged in meanwhile).
         After a failed commit it stays pending (lost entries are discarded first)."""
         if error is None:
             entry = self._pending_page.pop(seq, None)
-            if entry is not None and entry.msg is not None:
-                self.mem_bytes -= entry.size
+            if entry is not None:
+                self._forget_memory(entry)
+
+    def _page_low(self) -> int:
+        """Below how many ready entries the paged region is read (core/budget.py: what
+        the consumers ask for, less as the broker's budget runs out)."""
+        budget = self.budget
+        if budget is None or not budget.limit:
+            return self.page_in_low
+        demand = self._demand()
+        if not demand:
+            return 0
+        return page_in_low(self.page_in_low, budget.room(), entry_bytes(self.paged_bytes, self.paged_count),
+                           demand)
+
+    def _demand(self) -> int:
+        """What the queue's consumers (browsers too) may take now: their credit."""
+        consumers = self.consumers
+        if len(consumers) == 1:
+            return max(0, consumers[0].credit())
+        return sum(max(0, c.credit()) for c in consumers)
 
     def _page_in(self) -> int:
         """Move the next entries of the paged region into memory, in sequence order
@@ -78,6 +124,10 @@ class PagedRegion:
         flight once the store has nothing more."""
         pending = self._pending_page
         want = self.page_in_batch
+        budget = self.budget
+        if budget is not None and budget.limit:   # what the consumers ask for, the budget's room
+            want = page_in_count(want, budget.room(), entry_bytes(self.paged_bytes, self.paged_count),
+                                 self._demand())
         entries: list[Entry] = []
         if self.paged_count > len(pending) and self.hooks is not None:
             entries = self.hooks.read_paged(self, self.page_cursor, want)
@@ -96,6 +146,7 @@ class PagedRegion:
             return 0
         now = self.clock()
         gone = self._paged_gone
+        budget = self.budget
         for entry in entries:
             if entry.seq in gone:   # moved away, its removal not committed yet (core/waiting.py)
                 self.page_cursor = max(self.page_cursor, entry.seq)
@@ -103,8 +154,13 @@ class PagedRegion:
             held = pending.pop(entry.seq, None)
             if held is not None:
                 entry = held           # its body is counted in mem_bytes already
-            elif entry.msg is not None:
-                self.mem_bytes += entry.size
+            else:
+                cost = ENTRY_COST
+                if entry.msg is not None:
+                    self.mem_bytes += entry.size
+                    cost += entry.size
+                if budget is not None:
+                    budget.used += cost
             self.paged_count -= 1
             self.paged_bytes -= entry.size
             self.page_cursor = entry.seq

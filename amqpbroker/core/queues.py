@@ -15,6 +15,7 @@ import logging
 import time
 from typing import Any, Callable
 
+from .budget import ENTRY_COST, MemoryBudget, pages_new
 from .entries import PRIORITY_LEVELS, ConsumerPort, Entry, ReadyList, StoreHooks
 from .browsers import QueueBrowsers
 from .limits import LimitedQueue, QueueLimits
@@ -48,9 +49,9 @@ class Queue(PagedRegion, LimitedQueue, WaitingEntries, QueueBrowsers, EntryPicki
     # Slots, not a __dict__: 50,000 idle queues must stay small (≤ 2 KB each).
     __slots__ = (
         "_again", "_browsers", "_deferred", "_delayed", "_dispatching", "_groups", "_paged_gone", "_pending_page",
-        "_ready", "_rr", "_scan", "_seq", "_slice", "_slice_bytes", "acked_total", "acquired", "bytes",
+        "_ready", "_rr", "_scan", "_seq", "_slice", "_slice_bytes", "acked_total", "acquired", "budget", "bytes",
         "clock", "consumers", "created_at", "creator", "dead_letter", "dead_lettered_total", "defer",
-        "deleted", "delivered_total", "durable", "enqueued_total", "exclusivity", "expired_total",
+        "deleted", "delivered_total", "durable", "enqueued_total", "exclusivity", "expired_total", "in_log",
         "_room", "hooks", "last_consumer_at", "last_delivered_at", "lifetime", "limits", "declared_limits", "max_consumers",
         "max_delivery_attempts", "mem_bytes", "memory_budget", "name", "overflow_dropped_total",
         "overflow_rejected_total", "owner", "page_cursor",
@@ -123,6 +124,12 @@ class Queue(PagedRegion, LimitedQueue, WaitingEntries, QueueBrowsers, EntryPicki
         # entries drop their body once stored and `loader` reads it back on dispatch.
         self.memory_budget = 0
         self.mem_bytes = 0
+        # The broker-wide budget (core/budget.py) this queue charges its in-memory
+        # entries and bodies to (None: none).
+        self.budget: MemoryBudget | None = None
+        # A durable subscription queue stored in the topic log (store/topiclog.py):
+        # its sequence numbers are log positions, its paged region is the log's.
+        self.in_log = False
 
         # The paged region (core/paging.py): persistent entries beyond the budget
         # live only in the store, after `page_cursor`, until they are paged in.
@@ -164,16 +171,28 @@ class Queue(PagedRegion, LimitedQueue, WaitingEntries, QueueBrowsers, EntryPicki
 
     # ------------------------------------------------------------------ enqueue
 
-    def enqueue(self, msg: Message, seq: int | None = None) -> Entry:
+    def enqueue(self, msg: Message, seq: int | None = None) -> Entry | None:
+        """Queue a message (`seq`: its position, for a fan-out to topic log members).
+        None when it went to the topic log's paged region without an entry at all."""
+        size = msg.size
+        if (seq is not None and self.in_log and msg.durable
+                and pages_new(self.paged_count > 0, self.memory_budget, self.mem_bytes + size, self.budget)):
+            self.enqueued_total += 1   # stored once for every member (store/topiclog.py): counts only
+            self.bytes += size
+            self.page_log(seq, size)
+            return None
         entry = Entry(msg, self.next_seq() if seq is None else seq)
-        self.bytes += msg.size
-        self.mem_bytes += msg.size
+        self.bytes += size
+        self.mem_bytes += size
         self.enqueued_total += 1
+        budget = self.budget
+        if budget is not None:
+            budget.used += ENTRY_COST + size
         hooks = self.hooks
         if hooks is not None:
             hooks.entry_added(self, entry)
-            if (self.memory_budget and entry.store_ref is not None
-                    and (self.paged_count or self.mem_bytes > self.memory_budget)):
+            if (entry.store_ref is not None
+                    and pages_new(self.paged_count > 0, self.memory_budget, self.mem_bytes, budget)):
                 self._page(entry)
                 self.dispatch()
                 return entry
@@ -213,8 +232,12 @@ class Queue(PagedRegion, LimitedQueue, WaitingEntries, QueueBrowsers, EntryPicki
     def restore(self, entry: Entry) -> None:
         """Put back an entry rebuilt by the store at start-up (no store hook)."""
         self.bytes += entry.size
+        held = ENTRY_COST
         if entry.msg is not None:
             self.mem_bytes += entry.size
+            held += entry.size
+        if self.budget is not None:
+            self.budget.used += held
         if entry.deliver_at is not None and entry.deliver_at > self.clock():
             self._schedule(entry)
         else:
@@ -320,12 +343,14 @@ class Queue(PagedRegion, LimitedQueue, WaitingEntries, QueueBrowsers, EntryPicki
 
     def _dispatch_round(self) -> None:
         consumers = self.consumers
-        if self.paged_count and consumers and len(self._ready) < self.page_in_low:
+        if (self.paged_count and consumers and self._ready.count < self.page_in_low
+                and self._ready.count < self._page_low()):
             self._page_in()
         if self.browsers:
             self._browse()
         while (self._ready.count or self.paged_count) and consumers and self._slice:
-            if self.paged_count and len(self._ready) < self.page_in_low:
+            if (self.paged_count and self._ready.count < self.page_in_low
+                    and self._ready.count < self._page_low()):
                 if not self._page_in() and not self._ready:
                     return
                 if not self._ready:
@@ -370,6 +395,8 @@ class Queue(PagedRegion, LimitedQueue, WaitingEntries, QueueBrowsers, EntryPicki
             self._drop(entry)
             return False
         self.mem_bytes += entry.size
+        if self.budget is not None:
+            self.budget.used += entry.size
         return True
 
     def _hand_over(self, entry: Entry, consumer: ConsumerPort) -> None:
@@ -477,12 +504,20 @@ class Queue(PagedRegion, LimitedQueue, WaitingEntries, QueueBrowsers, EntryPicki
 
     def _drop(self, entry: Entry) -> None:
         self.bytes -= entry.size
-        if entry.msg is not None:
-            self.mem_bytes -= entry.size
+        self._forget_memory(entry)
         if self.hooks is not None:
             self.hooks.entry_removed(self, entry)
         if self._room is not None:
             self._room_check()
+
+    def _forget_memory(self, entry: Entry) -> None:
+        """An entry leaves memory: its body's bytes and its cost go back (core/budget.py)."""
+        held = ENTRY_COST
+        if entry.msg is not None:
+            self.mem_bytes -= entry.size
+            held += entry.size
+        if self.budget is not None:
+            self.budget.used -= held
 
     # ------------------------------------------------------------------ admin
 

@@ -5,6 +5,7 @@ broker model.  Pure state; no I/O."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, Mapping
 from typing import Any, Callable
 
 from .broker import Broker
@@ -58,13 +59,10 @@ class SubscriptionRegistry:
 
     # ------------------------------------------------------------------ views
 
-    def view(self) -> dict[SubscriptionKey, SubscriptionView]:
-        out = {}
-        for key, sub in self.subscriptions.items():
-            queue = self.broker.queues.get(sub.queue_name)
-            out[key] = SubscriptionView(sub.exclusivity, sub.binding,
-                                        len(queue.consumers) if queue else 0, sub.source)
-        return out
+    def view(self) -> Mapping[SubscriptionKey, SubscriptionView]:
+        """What the decision table sees of the subscriptions: built per key on lookup,
+        so an attach costs the same with 10 subscriptions or 100,000."""
+        return _Views(self)
 
     def decide(self, link_name: str, container_id: str, source, binding: BindingSpec | None) -> AttachDecision:
         return decide_attach(link_name, container_id, source, binding, self.view(),
@@ -171,3 +169,23 @@ class SubscriptionRegistry:
             self.subscriptions[sub.key] = sub
             for name in sub.links:
                 self.links[(sub.key.namespace, name)] = sub.key
+
+
+class _Views(Mapping):
+    """SubscriptionRegistry.view(): a SubscriptionView per key, made when asked for."""
+
+    __slots__ = ("registry",)
+
+    def __init__(self, registry: SubscriptionRegistry):
+        self.registry = registry
+
+    def __getitem__(self, key: SubscriptionKey) -> SubscriptionView:
+        sub = self.registry.subscriptions[key]
+        queue = self.registry.broker.queues.get(sub.queue_name)
+        return SubscriptionView(sub.exclusivity, sub.binding, len(queue.consumers) if queue else 0, sub.source)
+
+    def __iter__(self) -> Iterator[SubscriptionKey]:
+        return iter(self.registry.subscriptions)
+
+    def __len__(self) -> int:
+        return len(self.registry.subscriptions)

@@ -16,6 +16,7 @@ from proton import Condition, Link
 from ..config import ClientIdPolicy, Settings, anonymous_allowed, plain_allowed
 from ..core.alarms import Alarms
 from ..core.broker import Broker, BrokerPolicy
+from ..core.budget import MemoryBudget
 from ..core.handshakes import HandshakeGate
 from ..core.limits import LimitRule, limits_for
 from ..core.registry import SubscriptionRegistry, subscription_filter
@@ -78,6 +79,8 @@ class BrokerServer:
             queue_limits=tuple(LimitRule(r.pattern, r.queue_limits()) for r in settings.queue_limits),
         ))
         self.broker.defer = self.loop.call_soon   # queues dispatch in slices, one per loop turn
+        if settings.store.enabled:   # queued messages in memory, all queues together (core/budget.py)
+            self.broker.budget = MemoryBudget(settings.store.memory_budget)
         self.subscriptions = SubscriptionRegistry(self.broker, subscription_filter)
         self.transactions = TransactionRegistry()
         st = settings.store

@@ -102,8 +102,9 @@ class SequenceService:
                                 "depth": ulong(queue.depth)}
         store = self.server.store
         if queue.durable and queue.store_id is not None and store.persistent:
-            tail = store.read_last_seq(queue.store_id)
-            first = store.read_entries(queue.store_id, 0, 1)
+            durability = self.server.durability
+            tail = durability.last_seq(queue)
+            first = durability.read_entries(queue, 0, 1)
             info["head"] = ulong(first[0].seq if first else tail + 1)
             info["tail"] = ulong(tail)
         claim = self.claims.get(name)
@@ -148,7 +149,7 @@ def attach_range_reader(attacher: "ConsumerAttacher", link: Link, source: Source
         raise AttachRefused("amqp:not-implemented",
                             f"queue '{queue.name}' is not stored: sequence-range reads need a durable "
                             f"queue and the persistent store")
-    served = wanted.bound(store.read_last_seq(queue.store_id))
+    served = wanted.bound(handler.server.durability.last_seq(queue))
     reply = source.with_(filters=(Filter(flt.key, SEQUENCE_RANGE, served.as_filter_value()),))
     write_source(link.source, reply)
     link.target.copy(link.remote_target)
@@ -222,7 +223,8 @@ class RangeReader:
     def _read_ahead(self, credit: int) -> bool:
         if self.queue.deleted:
             return False
-        records = self.store.read_entries(self.queue_id, self.next_seq - 1, min(READ_AHEAD, max(credit, 16)))
+        records = self.handler.server.durability.read_entries(self.queue, self.next_seq - 1,
+                                                              min(READ_AHEAD, max(credit, 16)))
         for rec in records:
             if rec.seq >= self.end:
                 break

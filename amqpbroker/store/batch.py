@@ -41,7 +41,7 @@ def encode_entry(r: Any) -> bytes:
 
 class Batch:
     __slots__ = ("entry_new", "entry_puts", "entry_dels", "msg_puts", "msg_dels", "meta",
-                 "last_seq", "max_msg_id", "callbacks", "error", "ops", "new_keys", "marks")
+                 "last_seq", "max_msg_id", "callbacks", "error", "ops", "new_keys", "marks", "live")
 
     def __init__(self) -> None:
         self.entry_new: dict[bytes, Any] = {}     # key → live entry (encoded by seal())
@@ -57,6 +57,7 @@ class Batch:
         self.ops = 0
         self.new_keys: list[bytes] = []           # the new entries (sealed): lost if the commit fails
         self.marks: dict[int, int] = {}           # queue id → delivery watermark (store/marks.py)
+        self.live: dict[tuple[str, bytes], Any] = {}   # (db, key) → state encoded at seal (None: delete)
 
     # ---- recording (loop thread)
 
@@ -76,6 +77,14 @@ class Batch:
         self.ops += 1
         seq = record.seq
         self.entry_new[ENTRY_KEY.pack(queue_id, seq)] = record
+        if seq > self.last_seq.get(queue_id, 0):
+            self.last_seq[queue_id] = seq
+
+    def put_entry_bytes(self, queue_id: int, seq: int, value: bytes) -> None:
+        """A new entry whose value is encoded already (a topic log record,
+        store/topiclog.py): kept, failed and lost like any new entry."""
+        self.ops += 1
+        self.entry_new[ENTRY_KEY.pack(queue_id, seq)] = value
         if seq > self.last_seq.get(queue_id, 0):
             self.last_seq[queue_id] = seq
 
@@ -101,17 +110,32 @@ class Batch:
         self.marks[queue_id] = seq
 
     def put_meta(self, action: str, db: str, key: bytes, value: bytes | None) -> None:
+        """`action`: "put" (an entity: left out when the store is full), "set" (state
+        that must follow what the broker did, as removals must: kept by fail() and
+        removals_only()), "del", "drop-queue-entries"."""
         self.ops += 1
         self.meta.append((action, db, key, value))
+
+    def put_live(self, db: str, key: bytes, record: Any) -> None:
+        """State written once per batch however often it changes in the turn (a
+        subscription's cursor, store/topiclog.py): `record.encode()` is called when
+        the batch is sealed and written as a "set"; None deletes the key."""
+        self.ops += 1
+        self.live[(db, key)] = record
 
     def seal(self) -> "Batch":
         """Encode the live entries as they are now (loop thread, at hand-over)."""
         if self.entry_new:
             puts = self.entry_puts
             for key, record in self.entry_new.items():
-                puts[key] = encode_entry(record)
+                puts[key] = record if record.__class__ is bytes else encode_entry(record)
             self.new_keys = list(self.entry_new)
             self.entry_new = {}
+        if self.live:
+            meta = self.meta
+            for (db, key), record in self.live.items():
+                meta.append(("del", db, key, None) if record is None else ("set", db, key, record.encode()))
+            self.live = {}
         return self
 
     # ---- failing (loop thread)
@@ -146,6 +170,7 @@ class Batch:
         self.msg_dels.clear()
         self.meta.clear()
         self.marks.clear()
+        self.live.clear()
         self.last_seq.clear()
         self.max_msg_id = 0
         self.error = error
@@ -165,7 +190,7 @@ class Batch:
 
     def apply(self, txn: lmdb.Transaction, dbs: dict) -> None:
         for action, db, key, val in self.meta:
-            if action == "put":
+            if action == "put" or action == "set":
                 txn.put(key, val, db=dbs[db])
             elif action == "del":
                 txn.delete(key, db=dbs[db])

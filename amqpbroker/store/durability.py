@@ -18,7 +18,7 @@ from typing import Any
 import lmdb
 
 from ..core.broker import Broker
-from ..core.entries import held_batch, hold_code
+from ..core.entries import held_batch, hold_code, shared_size
 from ..core.exchanges import Binding
 from ..core.message import Message
 from ..core.limits import QueueLimits
@@ -27,8 +27,13 @@ from ..core.registry import SubscriptionRegistry
 from ..core.subscriptions import BindingSpec, Subscription, SubscriptionKey
 from ..core.terms import Durability, ExpiryPolicy, Filter, SourceTerms
 from .base import EntryRecord, QueueRecord, Snapshot, Store, StoreError
+from ..core.budget import UNLIMITED, body_room
 from .integrity import RECOVERY_HINT, StoreDamaged
 from .marks import Mark, Watermark
+from .reads import LOG_QUEUE
+from .seen import SeenIds as _SeenIds
+from .topiclog import SubscriptionLog
+from .upgrade import upgrade
 
 log = logging.getLogger("amqpbroker.store")
 
@@ -39,7 +44,9 @@ class DurabilityManager:
         self.broker = broker
         self.registry = registry
         self.store = store
-        self.memory_budget = memory_budget if store.persistent else 0
+        # 0 in the configuration: no limit of the queue's own; durable queues still
+        # page for the broker's budget (core/budget.py).
+        self.memory_budget = (memory_budget or UNLIMITED) if store.persistent else 0
         # Stored messages referred to by more than one entry (fan-out); absent = one.
         self.refs: dict[int, int] = {}
         self._queue_ids = itertools.count(1)
@@ -52,6 +59,9 @@ class DurabilityManager:
         self.fixups: dict[int, int] = {}
         self.fixup_batch = -1
         self.entry_marks = 0                         # deliveries that needed their own mark
+        # Durable subscription queues: the topic log (store/topiclog.py).
+        self.topic: SubscriptionLog | None = SubscriptionLog(self) if store.persistent else None
+        self._last_bound: Binding | None = None      # the binding a new subscription just made
 
     # ------------------------------------------------------------------ hooks
 
@@ -64,6 +74,8 @@ class DurabilityManager:
         self.registry.on_deleted = lambda sub: self.store.delete_subscription(sub.queue_name)
         self.store.on_lost_entries = self._entries_lost
         self.store.on_closing = self._closing
+        if self.topic is not None:
+            b.fan_out = self.topic.fan_out
 
     def _closing(self) -> None:
         """A clean stop: every link has ended, so a queue with nothing acquired has no
@@ -81,6 +93,9 @@ class DurabilityManager:
         by_queue: dict[int, set[int]] = {}
         for queue_id, seq in lost:
             by_queue.setdefault(queue_id, set()).add(seq)
+        positions = by_queue.pop(LOG_QUEUE, None)
+        if positions and self.topic is not None:
+            self.topic.lost(sorted(positions))
         for queue in list(self.broker.queues.values()):
             seqs = by_queue.get(queue.store_id) if queue.store_id is not None else None
             if seqs:
@@ -99,27 +114,56 @@ class DurabilityManager:
     # StoreHooks: what durable queues ask of the store.
 
     def entry_added(self, queue: Queue, entry: Entry) -> None:
+        if queue.in_log:
+            if entry.msg.durable:
+                self.topic.entry_added(queue, entry)
+            return
         self._entry_added(queue, entry)
 
     def entry_removed(self, queue: Queue, entry: Entry) -> None:
+        if queue.in_log:
+            self.topic.entry_removed(queue, entry)
+            return
         self._entry_removed(queue, entry)
 
     def entry_updated(self, queue: Queue, entry: Entry, delivered: bool) -> None:
         self._entry_update(queue, entry, delivered)
 
     def load_body(self, entry: Entry) -> Message:
+        if self.topic is not None:
+            msg = self.topic.load_body(entry)
+            if msg is not None:
+                return msg
         return self._load_body(entry)
 
     def page_out(self, queue: Queue, entry: Entry) -> None:
         self.store.after_commit(functools.partial(queue.page_committed, entry.seq))
 
     def read_paged(self, queue: Queue, after: int, limit: int) -> list[Entry]:
+        if queue.in_log:
+            return self.topic.read_paged(queue, after, limit)
         return self._read_paged(queue, after, limit)
 
     def remove_paged(self, queue: Queue, entry: Entry) -> None:
         """A store-only entry of the paged region moved elsewhere (core/waiting.py): its
         removal goes in this loop turn's batch, with the copy's arrival."""
+        if queue.in_log:
+            self.topic.settle(queue, entry.seq, entry.store_ref)
+            return
         self._remove_stored(queue, entry.seq, entry.store_ref)
+
+    # Reads by sequence number (server/sequence.py), of any durable queue.
+    def read_entries(self, queue: Queue, after: int, limit: int) -> list[EntryRecord]:
+        """A durable queue's committed entries after sequence `after`."""
+        if queue.in_log:
+            return self.topic.records_after(queue, after, limit)
+        return self.store.read_entries(queue.store_id, after, limit)
+
+    def last_seq(self, queue: Queue) -> int:
+        """The last sequence number committed for a durable queue (0: none yet)."""
+        if queue.in_log:
+            return self.topic.last_position(queue)
+        return self.store.read_last_seq(queue.store_id)
 
     def forget_gone(self, queue: Queue, seq: int) -> None:
         self.store.after_commit(functools.partial(queue.gone_committed, seq))
@@ -131,6 +175,8 @@ class DurabilityManager:
                            limits=declared.describe() if declared is not None else None)
 
     def _queue_deleted(self, queue: Queue) -> None:
+        if queue.in_log and self.topic is not None:
+            self.topic.leave(queue)
         if queue.store_id is not None:
             self.store.delete_queue(queue.store_id, queue.name)
             self.tails.pop(queue.store_id, None)
@@ -140,6 +186,10 @@ class DurabilityManager:
     def _binding_changed(self, binding: Binding, added: bool) -> None:
         if not binding.queue.durable:
             return
+        if added:
+            self._last_bound = binding
+        elif binding.queue.in_log:
+            self.topic.unbound(binding.queue, binding)
         exchange = self.broker.exchanges.get(binding.exchange)
         if exchange is not None and not exchange.builtin and added:
             self.store.save_exchange(exchange.name, exchange.type.value)
@@ -150,6 +200,12 @@ class DurabilityManager:
 
     def _subscription_saved(self, sub: Subscription) -> None:
         self.store.save_subscription(sub.queue_name, subscription_to_json(sub))
+        queue = self.broker.queues.get(sub.queue_name)
+        if self.topic is not None and sub.durable and queue is not None and queue.durable and not queue.in_log:
+            bound = self._last_bound
+            if bound is None or bound.queue is not queue:
+                bound = next((b for b in self.broker.bindings_of(queue) if b.key == sub.binding.key), None)
+            self.topic.join(queue, sub, bound)
 
     # ------------------------------------------------------------------ messages
 
@@ -159,18 +215,23 @@ class DurabilityManager:
             return
         store = self.store
         writes = store.writes()
-        mid = msg.store_id
-        if mid is None:
-            mid = msg.store_id = store.new_msg_id()
-            writes.put_message(mid, msg.raw)
-        else:  # the same message in another durable queue: one body, one more reference
-            self.refs[mid] = self.refs.get(mid, 1) + 1
+        mid = self._hold_message(msg)
         entry.store_ref = mid
         entry.stored_in = store.batch
         self.tails[queue.store_id] = entry.seq
-        size = entry.size   # outlives the body once the entry is paged out: one int per size
-        entry.size = _SHARED.get(size) or _shared(size)
+        entry.size = _shared(entry.size)   # outlives the body once paged out: one int per size
         writes.put_entry(queue.store_id, entry)   # live: encoded as it is at the batch's hand-over
+
+    def _hold_message(self, msg: Message) -> int:
+        """One more reference to a durable message's stored bytes (an entry, a topic
+        log record): the bytes are written with the first; its store id."""
+        mid = msg.store_id
+        if mid is None:
+            mid = msg.store_id = self.store.new_msg_id()
+            self.store.writes().put_message(mid, msg.raw)
+        else:  # the same message in another durable queue: one body, one more reference
+            self.refs[mid] = self.refs.get(mid, 1) + 1
+        return mid
 
     def _entry_removed(self, queue: Queue, entry: Entry) -> None:
         mid = entry.store_ref
@@ -184,11 +245,15 @@ class DurabilityManager:
     def _remove_stored(self, queue: Queue, seq: int, mid: int) -> bool:
         """Delete a stored entry and release its reference to the message; True when
         that was the last reference (the message is dropped too)."""
-        writes = self.store.writes()
-        writes.delete_entry(queue.store_id, seq)
+        self.store.writes().delete_entry(queue.store_id, seq)
+        return self._release_message(mid)
+
+    def _release_message(self, mid: int) -> bool:
+        """One reference to a stored message is gone (an entry, a topic log record);
+        True when it was the last and the message is deleted."""
         left = self.refs.get(mid)
         if left is None:
-            writes.drop_message(mid)
+            self.store.writes().drop_message(mid)
             return True
         if left <= 2:
             del self.refs[mid]
@@ -204,7 +269,7 @@ class DurabilityManager:
         read: a commit in between counts it twice, an over-mark, never an under-mark)."""
         upto = self._fixup_upto(queue)
         records = self.store.read_entries(queue.store_id, after, limit)
-        room = queue.memory_budget - queue.mem_bytes
+        room = body_room(queue.memory_budget - queue.mem_bytes, queue.budget)
         k = 0
         while k < len(records) and records[k].size <= room:
             room -= records[k].size
@@ -238,6 +303,8 @@ class DurabilityManager:
         (and below `below`; None: to the end), except those in `skip` (still held in
         memory, removed by the queue): each goes like `_entry_removed`, so messages
         and fan-out references follow.  Returns (entries, bytes) removed."""
+        if queue.in_log:
+            return self.topic.drop_paged(queue, after, below, skip)
         n = size = 0
         while True:
             records = self.store.read_entries(queue.store_id, after, chunk)
@@ -262,6 +329,12 @@ class DurabilityManager:
         store = self.store
         if not delivered and not queue.acquired:
             self._drop_watermark(queue)
+        if queue.in_log:   # no entry record: the delivered mark is the watermark (or a cursor state)
+            if delivered:
+                self._delivered(queue, entry)
+            else:
+                self.topic.record_state(queue, entry, False)
+            return
         if entry.stored_in == store.batch:
             return   # (stored_in stays: a later redelivery waits for this batch if need be)
         if delivered:
@@ -294,8 +367,8 @@ class DurabilityManager:
         wm = self.watermarks.get(queue.store_id)
         if wm is None:
             wm = self.watermarks[queue.store_id] = Watermark()
-        mark, raise_to = wm.decide(entry.seq, self.tails.get(queue.store_id, entry.seq),
-                                   queue.lowest_ready_seq)
+        tail = self.topic.log.positions.last if queue.in_log else self.tails.get(queue.store_id, entry.seq)
+        mark, raise_to = wm.decide(entry.seq, tail, queue.lowest_ready_seq)
         if raise_to:
             store.put_mark(queue.store_id, raise_to)
             wm.written(raise_to, current)
@@ -307,7 +380,10 @@ class DurabilityManager:
             wait = current
         elif mark is Mark.ENTRY:
             self.entry_marks += 1
-            store.update_entry(queue.store_id, _record(entry, True))
+            if queue.in_log:
+                self.topic.record_state(queue, entry, True)
+            else:
+                store.update_entry(queue.store_id, _record(entry, True))
             wait = current
         entry.stored_in = hold_code(wait)
 
@@ -339,6 +415,8 @@ class DurabilityManager:
 
     def _recover(self, snap: Snapshot, filter_factory: Any) -> None:
         started = time.monotonic()
+        if self.topic is not None:
+            upgrade(self.store, snap)   # durable subscription queues still stored per entry
         b = self.broker
         for ex in snap.exchanges:
             b.declare_exchange(ex["name"], ex["type"])
@@ -370,7 +448,13 @@ class DurabilityManager:
         self._seen = _SeenIds(*self.store.message_id_range())
         for queue in by_id.values():
             self._queue_declared(queue)  # budget and loader before loading
-            self._load_entries(queue)
+        if self.topic is not None:   # durable subscription queues: the topic log, nothing loaded
+            self.topic.recover(by_id, self._seen)
+            self.recovered_messages += self.topic.recovered
+            self.redelivered += self.topic.redelivered
+        for queue in by_id.values():
+            if not queue.in_log:
+                self._load_entries(queue)
         del self._seen
         release = getattr(self.store, "release_map", None)
         if release is not None:
@@ -483,54 +567,7 @@ def _unreadable(exc: BaseException) -> bool:
     return isinstance(exc, (lmdb.Error, struct.error, ValueError, KeyError, TypeError, IndexError))
 
 
-class _SeenIds:
-    """Recovery: the message ids met so far, to find messages with more than one
-    entry.  A bitmap over the store's id range (125 kB per million ids) rather than
-    a set of ints (~60 MB per million); a set only for ids outside a sane range."""
-
-    MAX_BITS = 1 << 28   # a 32 MiB bitmap at most
-
-    def __init__(self, lo: int, hi: int):
-        self.lo = lo
-        span = hi - lo + 1
-        self.bits = bytearray((span + 7) >> 3) if 0 < span <= self.MAX_BITS else bytearray()
-        self.nbits = len(self.bits) << 3
-        self.others: set[int] = set()
-
-    def add(self, mid: int) -> bool:
-        """Note `mid`; True when it was met before."""
-        i = mid - self.lo
-        if 0 <= i < self.nbits:
-            bits = self.bits
-            byte, mask = bits[i >> 3], 1 << (i & 7)
-            if byte & mask:
-                return True
-            bits[i >> 3] = byte | mask
-            return False
-        if mid in self.others:
-            return True
-        self.others.add(mid)
-        return False
-
-    def __contains__(self, mid: int) -> bool:
-        i = mid - self.lo
-        if 0 <= i < self.nbits:
-            return bool(self.bits[i >> 3] & (1 << (i & 7)))
-        return mid in self.others
-
-
-_SHARED: dict[int, int] = {}
-
-
-def _shared(n: int) -> int:
-    """One int object per message size (bounded memory): a paged-out entry keeps its
-    size, and 1M entries of one size need not hold 1M equal ints (32 bytes each)."""
-    s = _SHARED.get(n)
-    if s is None:
-        if len(_SHARED) >= 65536:
-            return n
-        _SHARED[n] = s = n
-    return s
+_shared = shared_size   # (core/entries.py; bench/backlog.py imports it from here)
 
 
 def _record(entry: Entry, delivered: bool) -> EntryRecord:

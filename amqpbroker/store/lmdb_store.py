@@ -27,7 +27,10 @@ Layout (named databases):
   bindings       JSON [exchange, key, queue] → JSON arguments
   subscriptions  queue name → JSON (subscription + its registry link names)
   messages       msg id (u64) → raw message bytes, written once for every queue
-  entries        queue id (u32) + seq (u64) → msg id (u64), delivery-count (u32), delivered (u8)
+  entries        queue id (u32) + seq (u64) → msg id (u64), delivery-count (u32), delivered (u8);
+                 queue id 0: the topic log of durable subscriptions (store/logrecords.py)
+  routes         route id (u32) → the exchange and routing key of topic log records
+  cursors        durable subscription queue id (u32) → its cursor into the topic log
   dedup, readers small keyed records of server/sequence.py
 """
 

@@ -16,6 +16,7 @@ from .batch import ENTRY_KEY, ENTRY_VAL, MARK_KEY, U32, U64
 from .maps import release_map
 
 _SCAN_VAL = struct.Struct(">QIBBI")      # the head of ENTRY_VAL: up to the size
+LOG_QUEUE = 0                            # the queue id the topic log's records are stored under
 
 
 class LmdbReads:
@@ -116,8 +117,43 @@ class LmdbReads:
             raw = txn.get(MARK_KEY + U32.pack(queue_id), db=self._dbs["meta"])
         return U64.unpack(raw)[0] if raw else 0
 
+    # The topic log (store/topiclog.py): the records of durable subscriptions, in
+    # the entries db under queue id LOG_QUEUE, keyed by position.
+    def scan_log(self, decode: Any, batch: int = 65_536) -> list[Any]:
+        """Every log record, as `decode(position, value)`, in position order (the store
+        pages the scan touched are released every `batch` records)."""
+        out: list[Any] = []
+        after = 0
+        prefix = U32.pack(LOG_QUEUE)
+        while True:
+            n = 0
+            with self._read_lock, self._begin() as txn:
+                cur = txn.cursor(db=self._dbs["entries"])
+                if not cur.set_range(ENTRY_KEY.pack(LOG_QUEUE, after + 1)):
+                    return out
+                for key, val in cur:
+                    if key[:4] != prefix:
+                        return out
+                    after = ENTRY_KEY.unpack(key)[1]
+                    out.append(decode(after, val))
+                    n += 1
+                    if n >= batch:
+                        break
+                else:
+                    return out
+            self.release_map()
+
+    def read_log(self, positions: list[int]) -> list[bytes | None]:
+        """The committed values of these log records (None: not there), in one read."""
+        pack = ENTRY_KEY.pack
+        with self._read_lock, self._begin() as txn:
+            get = txn.get
+            db = self._dbs["entries"]
+            return [get(pack(LOG_QUEUE, p), db=db) for p in positions]
+
     # Small keyed records beside the broker model (duplicate-detection ids, log
-    # reader claims: server/sequence.py); written through LmdbStore.put_record.
+    # reader claims: server/sequence.py; the topic log's routes and cursors);
+    # written through LmdbStore.put_record or a batch.
     def read_records(self, db: str) -> list[tuple[bytes, bytes]]:
         with self._read_lock, self._begin() as txn:
             return [(bytes(k), bytes(v)) for k, v in txn.cursor(db=self._dbs[db])]
@@ -129,3 +165,4 @@ def _decode_entry(seq: int, val: bytes) -> EntryRecord:
     return EntryRecord(seq, msg_id, count, bool(delivered), priority, size,
                        None if expires != expires else expires, None if deliver != deliver else deliver,
                        bytes(group).decode() if group else None)
+

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 DBS = ("meta", "exchanges", "queues", "seqs", "bindings", "subscriptions", "messages", "entries",
-       "dedup", "readers")
+       "dedup", "readers", "routes", "cursors")
 MAX_PROBLEMS = 20   # per database; the rest are counted
 
 
@@ -66,6 +66,7 @@ def _decoders() -> dict[str, Callable[[bytes, bytes, dict], None]]:
     from .base import QueueRecord
     from .batch import ENTRY_KEY, ENTRY_VAL
     from .durability import subscription_from_json
+    from .logrecords import decode_cursor, decode_record, decode_route
 
     u64 = struct.Struct(">Q")
 
@@ -106,11 +107,24 @@ def _decoders() -> dict[str, Callable[[bytes, bytes, dict], None]]:
         seen.setdefault("message_ids", set()).add(mid)
 
     def entries(k, v, seen):
-        queue_id, _ = ENTRY_KEY.unpack(k)
-        msg_id = ENTRY_VAL.unpack_from(v)[0]
-        if len(v) > ENTRY_VAL.size:
-            bytes(v[ENTRY_VAL.size:]).decode("utf-8")
+        queue_id, pos = ENTRY_KEY.unpack(k)
+        if queue_id == 0:   # the topic log (store/topiclog.py)
+            msg_id = decode_record(pos, v).msg_id
+        else:
+            msg_id = ENTRY_VAL.unpack_from(v)[0]
+            if len(v) > ENTRY_VAL.size:
+                bytes(v[ENTRY_VAL.size:]).decode("utf-8")
         seen.setdefault("entry_refs", []).append((queue_id, msg_id))
+
+    def routes(k, v, seen):
+        if len(k) != 4:
+            raise ValueError(f"key of {len(k)} bytes")
+        decode_route(v)
+
+    def cursors(k, v, seen):
+        if len(k) != 4:
+            raise ValueError(f"key of {len(k)} bytes")
+        decode_cursor(v)
 
     def dedup(k, v, seen):
         address, sep, _ = bytes(k).partition(b"\x00")
@@ -124,7 +138,7 @@ def _decoders() -> dict[str, Callable[[bytes, bytes, dict], None]]:
 
     return {"meta": meta, "exchanges": exchanges, "queues": queues, "seqs": seqs, "bindings": bindings,
             "subscriptions": subscriptions, "messages": messages, "entries": entries, "dedup": dedup,
-            "readers": readers}
+            "readers": readers, "routes": routes, "cursors": cursors}
 
 
 # ---------------------------------------------------------------------- the walk
@@ -200,7 +214,7 @@ def _cross_check(seen: dict, report: Report) -> None:
     if missing:
         report.problem(f"database entries: {len(missing)} entr{'y refers' if len(missing) == 1 else 'ies refer'} "
                        f"to missing messages, e.g. queue {missing[0][0]} message {missing[0][1]}")
-    strays = {q for q, _ in refs if q not in queue_ids}
+    strays = {q for q, _ in refs if q not in queue_ids and q != 0}   # (0: the topic log)
     if strays:
         report.notes.append(f"entries of {len(strays)} queue id(s) no queue record has (ignored at start-up)")
     orphans = len(messages - {m for _, m in refs})

@@ -47,7 +47,7 @@ log = logging.getLogger("amqpbroker.store.writer")
 
 FRAME = struct.Struct(">I")
 DBS = ("meta", "exchanges", "queues", "seqs", "bindings", "subscriptions", "messages", "entries",
-       "dedup", "readers")
+       "dedup", "readers", "routes", "cursors")
 MAP_RELEASE_INTERVAL = 2.0   # seconds: unmap touched store pages this often (when busy)
 MAP_RELEASE_IDLE = 0.5       # and this long after the last commit
 FULL_AT = 0.9                # share of the map in use at which the store counts as full

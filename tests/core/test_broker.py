@@ -74,3 +74,21 @@ def test_queues_per_user_are_limited_and_freed_by_deletion():
     broker.delete_queue("a1")
     assert broker.auto_create("a3", "alice").name == "a3"
     assert broker.auto_create("a2", "alice").name == "a2"    # an existing queue is not counted again
+
+
+def test_a_fan_out_without_filters_reaches_each_queue_once_and_follows_binding_changes():
+    from amqpbroker.core.addresses import AddressKind, Resolution
+    b = Broker()
+    queues = [b.declare_queue(f"q{i}") for i in range(12)]
+    for q in queues:
+        b.bind("amq.topic", "k.#", q)
+    b.bind("amq.topic", "#", queues[0])                      # bound twice: still once
+    target = Resolution(AddressKind.EXCHANGE, "amq.topic", "k.x")
+    assert b.publish(make_message("a"), target) == queues
+    assert b.publish(make_message("b"), target) == queues    # (the kept result)
+    late = b.declare_queue("late")
+    b.bind("amq.topic", "k.x", late)
+    assert b.publish(make_message("c"), target) == queues + [late]
+    b.bind("amq.topic", "k.#", b.declare_queue("picky"), filter=lambda msg: False)
+    assert b.publish(make_message("d"), target) == queues + [late]
+    assert [q.depth for q in queues] == [4] * 12 and late.depth == 2

@@ -110,3 +110,46 @@ def test_a_failed_batch_turns_what_it_adds_into_deletes_and_keeps_the_rest():
         assert b.last_seq == {1: 1}, "the sequence high-water mark still goes: sequences never go back"
     b.abandon(error)
     assert not (b.entry_puts or b.entry_dels or b.msg_dels or b.meta) and b.error is error
+
+
+class _Live:
+    """A state encoded when the batch is sealed (a subscription's cursor)."""
+
+    def __init__(self, value: bytes):
+        self.value = value
+
+    def encode(self) -> bytes:
+        return self.value
+
+
+def test_live_state_is_encoded_once_at_seal_as_it_is_then():
+    b = Batch()
+    state = _Live(b"first")
+    for _ in range(3):
+        b.put_live("cursors", b"k1", state)
+    state.value = b"last"
+    b.put_live("cursors", b"k2", _Live(b"x"))
+    b.put_live("cursors", b"k2", None)               # deleted later in the same turn
+    b.seal()
+    assert b.live == {}
+    assert b.meta == [("set", "cursors", b"k1", b"last"), ("del", "cursors", b"k2", None)]
+
+
+def test_set_records_are_kept_by_a_failed_or_full_batch_and_put_ones_are_not():
+    b = Batch()
+    b.put_meta("put", "queues", b"q", b"{}")
+    b.put_meta("set", "routes", b"r", b"[]")
+    b.put_live("cursors", b"c", _Live(b"cursor"))
+    b.seal()
+    assert [op[0] for op in b.removals_only().meta] == ["set", "set"]
+    b.fail(RuntimeError("x"))
+    assert [op[0] for op in b.meta] == ["put", "set", "set"]   # fail() keeps entity records as before
+
+
+def test_an_encoded_new_entry_is_written_as_given_and_lost_like_any_new_one():
+    b = Batch()
+    b.put_entry_bytes(0, 7, b"record")
+    b.seal()
+    assert b.entry_puts == {key(0, 7): b"record"} and b.new_keys == [key(0, 7)] and b.last_seq == {0: 7}
+    b.fail(RuntimeError("x"))
+    assert b.entry_puts == {} and key(0, 7) in b.entry_dels
