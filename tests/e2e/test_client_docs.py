@@ -101,7 +101,8 @@ def test_rhea_in_the_browser_over_websocket(broker_factory, tmp_path):
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
-    b = broker_factory("[websocket]\nport = 0\n")
+    # The page is served from this host: the documented "same-host" origin lets it in.
+    b = broker_factory('[websocket]\nport = 0\nallowed_origins = ["same-host"]\n')
     (tmp_path / "page.html").write_text(at(snippets()["rhea-browser"], b))
     shutil.copy(ensure_node_modules() / "node_modules" / "rhea" / "dist" / "rhea.js", tmp_path / "rhea.js")
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))

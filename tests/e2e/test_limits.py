@@ -233,10 +233,13 @@ def test_alarm_holds_producers_credit_and_consumers_keep_draining(broker):
 
 
 def test_a_slow_consumer_does_not_hold_a_durable_producer_back(broker_factory):
-    """Default configuration: no implicit flow control by consumer speed."""
+    """Default configuration: no implicit flow control by consumer speed.  Judged by
+    the consumer's own pace, not a clock: a producer held to the consumer's speed
+    would finish after the consumer took about all of it; this one finishes while
+    the consumer has taken fewer than half."""
     b = broker_factory()
     q = uid("slow")
-    n = 3000
+    n = 1000
     stop = threading.Event()
     consumed: list[int] = []
 
@@ -251,7 +254,7 @@ def test_a_slow_consumer_does_not_hold_a_durable_producer_back(broker_factory):
                     continue
                 rcv.accept()
                 consumed.append(1)
-                time.sleep(0.02)   # ~50 messages a second
+                time.sleep(0.1)    # at most 10 messages a second
         finally:
             conn.close()
 
@@ -270,8 +273,8 @@ def test_a_slow_consumer_does_not_hold_a_durable_producer_back(broker_factory):
         conn.close()
         stop.set()
         thread.join(10)
-    assert elapsed < 30, f"{n} durable messages took {elapsed:.1f} s"
-    assert len(consumed) < n / 2, "the consumer really was slower than the producer"
+    assert len(consumed) < n / 2, (f"{n} durable messages took {elapsed:.1f} s, while the slow consumer "
+                                   f"took {len(consumed)}: the producer went at the consumer's pace")
     assert len(receive_all(b.url, q, timeout=2.0)) == n + 1 - len(consumed)
 
 
