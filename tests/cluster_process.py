@@ -25,6 +25,11 @@ PID_RE = re.compile(r"\[(n\d+) pid (\d+)\]")
 
 
 class ClusterProcess:
+    # A dead letter reaches the dead-letter queue's owner through a shovel
+    # (cluster/shovel.py), a hop after the death: readers of it wait this long for
+    # the first one (tests/e2e/helpers_delivery.py dead_letters).
+    dead_letter_wait = 10.0
+
     def __init__(self, data_dir: Path, workers: int = 3, weights: str | None = "0,1,1",
                  config: str | None = None, env: dict | None = None):
         self.data_dir = Path(data_dir)
@@ -163,6 +168,11 @@ class ZkCluster:
     and `url` are node a's, the log is every node's."""
 
     SECRET = "cluster-test-secret-0123456789"
+
+    # A dead letter reaches the dead-letter queue's owner through a shovel
+    # (cluster/shovel.py), a hop after the death: readers of it wait this long for
+    # the first one (tests/e2e/helpers_delivery.py dead_letters).
+    dead_letter_wait = 10.0
 
     def __init__(self, base: Path, config: str | None = None, nodes: tuple[str, ...] = ("a", "b", "c"),
                  weights: str = "{ a = 0 }"):

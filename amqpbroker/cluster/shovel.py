@@ -215,7 +215,7 @@ class Shovels:
                 if link is not None:
                     link.stop()
                 continue
-            if name not in self.active and queues[name].ready_count():
+            if name not in self.active and queues[name].ready_count:
                 self._ensure(name)
 
     def stopped(self, link: ShovelLink) -> None:

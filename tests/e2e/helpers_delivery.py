@@ -139,11 +139,13 @@ def settle(dlv: Delivery, state: int, *, failed: bool = False, undeliverable: bo
 
 
 def dead_letters(broker: Any, address: str = "DLQ") -> list[tuple]:
-    """(body, delivery-count) of everything on the dead-letter queue, consumed."""
+    """(body, delivery-count) of everything on the dead-letter queue, consumed.  A
+    cluster's dead letters arrive a hop later (`dead_letter_wait`)."""
     out = []
     with connection(broker) as conn:
         rcv = receiver(conn, address, credit=20)
-        while not nothing_arrives(conn, rcv):
+        first = getattr(broker, "dead_letter_wait", QUIET)
+        while not nothing_arrives(conn, rcv, first if not out else QUIET):
             msg, dlv = fetch(conn, rcv)
             settle(dlv, Delivery.ACCEPTED)
             out.append((msg.body, msg.delivery_count))
