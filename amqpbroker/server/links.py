@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from cproton import ffi, lib
 from proton import Condition, Delivery, Link
 
+from ..core.credit import CreditWindow
 from ..core.message import selector_accepts
 from ..core.queues import Entry, Outcome, Queue
 from ..core.settlement import LinkEnding, counts_as_failed
@@ -292,7 +293,11 @@ class Producer:
         self.link = link
         self.impl = link._impl
         self.target = target           # None: anonymous relay, route by `to`
-        self.window = credit
+        # The credit window starts small and grows for a producer that uses it up in
+        # bursts, up to `credit` (core/credit.py: what a burst costs everyone's latency).
+        self.credit_window = CreditWindow(credit)
+        self.window = self.credit_window.window
+        self.protocol = handler.protocol
         self.max_message_size = max_message_size
         # Dispositions go out in arrival order (Qpid JMS completion ordering): a
         # delivery waiting on the store holds back the ones behind it.
@@ -310,7 +315,7 @@ class Producer:
         self.released = False
         self.free_when_settled = False
         if not self.gated or self._may_grant():
-            link.flow(credit)
+            link.flow(self.window)
 
     # Producer links are paced by the flow gate (alarms, full queues); the transaction
     # coordinator is not (discharges go on during an alarm: they are how work completes).
@@ -349,8 +354,12 @@ class Producer:
         buf = bytearray(pending)
         n = lib.pn_link_recv(impl, ffi.from_buffer(buf), pending)
         lib.pn_link_advance(impl)
-        if self.held is None and lib.pn_link_credit(impl) < self.window // 2:
-            self.top_up()   # (a held producer is topped up by the flow gate)
+        if self.held is None:   # (a held producer is topped up by the flow gate)
+            window = self.credit_window
+            window.arrived(self.protocol.reads)
+            if lib.pn_link_credit(impl) < self.window // 2:
+                self.window = window.refill()
+                self.top_up()
         return bytes(buf) if n == pending else bytes(buf[:max(n, 0)])
 
     def top_up(self) -> None:
