@@ -56,7 +56,8 @@ class BaselineBroker(AmqpBroker):
         python = REPO / ".venv" / "bin" / "python"
         self.args = argparse.Namespace(**vars(self.args))
         wrapper = Path(self.args.tmpdir) / "baseline-amqpbroker"
-        wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={src} exec {python} -m amqpbroker.cli \"$@\"\n")
+        # (run from the tree itself: `python -m` puts the working directory first on the path)
+        wrapper.write_text(f"#!/bin/sh\ncd {src} && PYTHONPATH={src} exec {python} -m amqpbroker.cli \"$@\"\n")
         wrapper.chmod(0o755)
         self.args.amqpbroker_bin = str(wrapper)
         super().start()
