@@ -83,10 +83,11 @@ def fmt_mem(st: dict[str, int]) -> str:
 
 
 class Broker:
-    def __init__(self, data: Path, log_path: Path, config: Path | None):
+    def __init__(self, data: Path, log_path: Path, config: Path | None, src: Path | None = None):
         self.data = data
         self.log_path = log_path
         self.config = config
+        self.src = Path(src).resolve() if src else None   # another source tree (the code before a change)
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
         self.lines: list[tuple[float, str]] = []
@@ -99,10 +100,12 @@ class Broker:
         if self.config:
             cmd += ["--config", str(self.config)]
         env = dict(os.environ, PYTHONUNBUFFERED="1", AMQPBROKER_MANAGEMENT__PORT="0")
+        if self.src:   # run from that tree: `python -m` puts the working directory first
+            env["PYTHONPATH"] = str(self.src)
         self.lines = []
         self.port = None
         t0 = time.monotonic()
-        self.proc = subprocess.Popen(cmd, cwd=str(REPO), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        self.proc = subprocess.Popen(cmd, cwd=str(self.src or REPO), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
         threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
         deadline = t0 + timeout
