@@ -44,6 +44,7 @@ import signal
 import struct
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import lmdb
@@ -143,8 +144,12 @@ def recover(path: str | os.PathLike) -> int:
     """Bring a store nobody has open back to its last checkpoint and apply its
     journal again (store/journal.py), then checkpoint: what a broker does at start.
     The batches applied (0: nothing was waiting)."""
+    from .integrity import preflight
     journal, records = journal_mod.restore(path)
     if journal is None and not records:
+        return 0
+    if not preflight(Path(path)).exists:   # (StoreDamaged for a file LMDB must not map)
+        journal.close()
         return 0
     env = lmdb.open(str(path), max_dbs=16, readahead=False, max_readers=256)
     try:

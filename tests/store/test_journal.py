@@ -205,3 +205,20 @@ def test_a_commit_whose_journal_write_fails_raises_and_is_not_reported(store_dir
     b = batch({2: b"not journaled"})
     with pytest.raises(OSError):
         w.commit([b], [writer_proc.frame(("batch", 1, writer_proc.batch_fields(b)))])
+
+
+def test_store_check_applies_what_a_crash_left_in_the_journal_first(store_dir):
+    """`amqpbroker store check` on a stopped broker's store looks at it as the broker's
+    next start would: with the journal applied."""
+    import io
+
+    from amqpbroker.store import tool
+
+    w = writer_proc.Writer(str(store_dir), MAP, MAP)
+    at_checkpoint = (store_dir / "data.mdb").read_bytes()
+    commit(w, batch({7: b"only in the journal"}))
+    crash(w, store_dir, at_checkpoint)
+    out = io.StringIO()
+    assert tool.apply_journal(store_dir, out) is None
+    assert "applied 1 batch(es) left in the store's journal" in out.getvalue()
+    assert stored(store_dir) == {7: b"only in the journal"}
