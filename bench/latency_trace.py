@@ -38,8 +38,8 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rates import AMQP_BENCH, BaselineBroker, amqp_bench  # noqa: E402
-from run import AMQPBROKER, AmqpBroker, BrokerStartError, log  # noqa: E402
+from rates import AMQP_BENCH, amqp_bench  # noqa: E402
+from run import AMQPBROKER, AmqpBroker, BaselineBroker, BrokerStartError, log  # noqa: E402
 
 
 class TracedBroker(AmqpBroker):
@@ -199,8 +199,7 @@ def main(argv=None) -> int:
     if not AMQP_BENCH.exists():
         print(f"{AMQP_BENCH} missing: run bench/build.sh", file=sys.stderr)
         return 2
-    args.tmpdir = tempfile.mkdtemp(prefix="bench-trace-")
-    trace = Path(args.trace_out or Path(args.tmpdir) / "loop.trace")
+    trace = Path(args.trace_out or Path(tempfile.mkdtemp(prefix="bench-trace-")) / "loop.trace")
     broker = TracedBaseline(args, trace) if args.baseline_src else TracedBroker(args, trace)
     try:
         broker.start()

@@ -37,33 +37,11 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import (AMQPBROKER, BUILD, LOADGEN, REPO, AmqpBroker, Broker, BrokerStartError,  # noqa: E402
-                 CBroker, kill_group, log)
+from run import (AMQPBROKER, BUILD, LOADGEN, AmqpBroker, BaselineBroker, Broker,  # noqa: E402
+                 BrokerStartError, CBroker, kill_group, log)
 
 AMQP_BENCH = BUILD / "amqp-bench"
 GOAL_P99_MS, GOAL_MAX_MS, GOAL_CPU_RATIO = 1.0, 3.0, 1.25
-
-
-class BaselineBroker(AmqpBroker):
-    """amqpbroker from another source tree (e.g. `git archive <commit> amqpbroker`),
-    run by this venv's Python: the same dependencies, the other code."""
-    name = "baseline"
-
-    def start(self) -> None:
-        src = Path(self.args.baseline_src).resolve()
-        if not (src / "amqpbroker" / "__init__.py").exists():
-            raise BrokerStartError(f"{src}/amqpbroker not found")
-        python = REPO / ".venv" / "bin" / "python"
-        self.args = argparse.Namespace(**vars(self.args))
-        wrapper = Path(self.args.tmpdir) / "baseline-amqpbroker"
-        # (run from the tree itself: `python -m` puts the working directory first on the path)
-        wrapper.write_text(f"#!/bin/sh\ncd {src} && PYTHONPATH={src} exec {python} -m amqpbroker.cli \"$@\"\n")
-        wrapper.chmod(0o755)
-        self.args.amqpbroker_bin = str(wrapper)
-        super().start()
-
-    def describe(self) -> str:
-        return f"amqpbroker from {self.args.baseline_src}"
 
 
 def run_tool(cmd: list[str], timeout: float) -> tuple[dict, str]:
@@ -147,13 +125,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
-    import tempfile
     args = parse_args(argv)
     for tool in (AMQP_BENCH, LOADGEN):
         if not tool.exists():
             print(f"{tool} missing: run bench/build.sh", file=sys.stderr)
             return 2
-    args.tmpdir = tempfile.mkdtemp(prefix="bench-rates-")
     brokers: list[Broker] = [AmqpBroker(args)]
     if args.baseline_src:
         brokers.append(BaselineBroker(args))

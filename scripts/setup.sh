@@ -18,6 +18,8 @@ case ",$extras," in *,test,*) pkgs+=(chromium chromium-driver)
   command -v npm >/dev/null || pkgs+=(nodejs npm) ;; esac
 # zookeeper (Debian, 3.8) + a JRE: the HA tests start a real ZooKeeper (tests/e2e/ha_harness.py).
 case ",$extras," in *,test,*) pkgs+=(zookeeper default-jre-headless) ;; esac
+# Proton C and its example broker: the bench smoke test builds bench/build/ (loadgen, amqp-bench, cbroker).
+case ",$extras," in *,test,*) pkgs+=(libqpid-proton11-dev libqpid-proton11-dev-examples) ;; esac
 need_pkgs=()
 for pkg in "${pkgs[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_pkgs+=("$pkg")
