@@ -384,12 +384,13 @@ class AmqpProtocol(asyncio.Protocol):
         ev = peek(coll)
         if ev == null:
             return   # nothing happened: no flush for this connection
-        if TRACE is not None:
-            TRACE.mark("pump", id(self))
+        trace = TRACE
+        if trace is not None:
+            trace.mark("pump", id(self))
         while ev != null:
             t = etype(ev)
-            if TRACE is not None and t == _DELIVERY:
-                TRACE.mark("dlv", id(self))
+            if trace is not None and t == _DELIVERY:
+                trace.mark("dlv", id(self))
             try:
                 if t == _DELIVERY:
                     handler.on_delivery_raw(lib.pn_event_delivery(ev))
