@@ -271,7 +271,8 @@ def restore(store_dir: Path) -> tuple[Journal | None, list[bytes]]:
         journal.current = None
         return journal, []
     if (cp.dev, cp.ino) != identity(store_dir):
-        log.warning("%s: the journal belongs to another %s (it was replaced); not applied", where, DATA_FILE)
+        # (a restored backup, a replica's copy: expected, and that file is what counts)
+        log.info("%s: the journal belongs to another %s (it was replaced); not applied", where, DATA_FILE)
         journal.current = None
         return journal, []
     with open(data, "r+b") as f:
