@@ -117,8 +117,11 @@ def describe(rows, msgs: dict, slow_ms: float) -> None:
     for i in bursts[:5]:
         group = [s for s, m in msgs.items() if reads[bisect.bisect_right(reads, m["read"]) - 1] == i]
         lat = [e2e[s] for s in group]
+        first_write = min(msgs[s]["write"] for s in group)
+        handled = sum(1 for r in rows[i:first_write] if r[1] == "dlv" and r[2] == rows[i][2])
         print(f"  a read of {rows[i][3]:,} B brought {len(group)} of the run's messages at once "
-              f"(sequence {min(group)}-{max(group)}): send → write {min(lat):.3f} to {max(lat):.3f} ms")
+              f"(sequence {min(group)}-{max(group)}): send → write {min(lat):.3f} to {max(lat):.3f} ms; "
+              f"the first of them was written after the broker had handled {handled} transfers of that read")
     slow = sorted((s for s in msgs if e2e[s] > slow_ms), key=lambda s: -e2e[s])
     print(f"\n{len(slow)} message(s) slower than {slow_ms} ms send → write "
           f"({100 * len(slow) / max(1, len(msgs)):.2f} %); what each waited for:")
