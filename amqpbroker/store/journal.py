@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from .integrity import DATA_FILE, StoreDamaged, check_header
+from .integrity import DATA_FILE, META_SIZE, Meta, StoreDamaged, parse_meta
 
 log = logging.getLogger("amqpbroker.store")
 
@@ -121,6 +121,15 @@ def identity(store_dir: Path) -> tuple[int, int]:
 def read_metas(store_dir: Path, page_size: int) -> bytes:
     with open(Path(store_dir) / DATA_FILE, "rb") as f:
         return f.read(2 * page_size)
+
+
+def newest(metas: bytes) -> Meta:
+    """The meta page LMDB uses (the newer of the two) of data.mdb's first two pages;
+    StoreDamaged when they are not LMDB meta pages."""
+    first = parse_meta(metas, 0)
+    psize = first.page_size
+    second = parse_meta(metas[psize:psize + META_SIZE], 1, psize)
+    return first if first.txnid >= second.txnid else second
 
 
 class Journal:
@@ -219,7 +228,16 @@ class Journal:
         env.sync(True)
         page_size = env.stat()["psize"]
         metas = read_metas(self.store_dir, page_size)
-        meta = check_header(metas, os.stat(self.store_dir / DATA_FILE).st_size)
+        meta = newest(metas)
+        data = self.store_dir / DATA_FILE
+        if os.stat(data).st_size < meta.needed_bytes:
+            # LMDB does not write a page it allocated and freed again in the same
+            # transaction (a loose page), so data.mdb may end before the last page its
+            # meta page counts.  Extended with zeros (free pages: LMDB writes them when
+            # it uses them), the file is whole for the start-up checks (integrity.py).
+            with open(data, "r+b") as f:
+                f.truncate(meta.needed_bytes)
+                os.fsync(f.fileno())
         dev, ino = identity(self.store_dir)
         previous = self.current
         # Epochs only grow, also across a journal started afresh (stale records of an
@@ -277,11 +295,10 @@ def restore(store_dir: Path) -> tuple[Journal | None, list[bytes]]:
         return journal, []
     with open(data, "r+b") as f:
         head = f.read(len(cp.metas))
-        size = os.fstat(f.fileno()).st_size
         try:
-            on_disk = check_header(head, size)
+            on_disk = newest(head)
         except StoreDamaged:
-            on_disk = None
+            on_disk = None   # (torn: setting LMDB back is what mends it)
         if on_disk is not None and on_disk.txnid < cp.txnid:
             log.warning("%s: %s is older than the journal's checkpoint (transaction %d < %d): it was "
                         "replaced; the journal is not applied", where, DATA_FILE, on_disk.txnid, cp.txnid)
