@@ -314,8 +314,9 @@ class AmqpProtocol(asyncio.Protocol):
                 if lib.pn_transport_capacity(impl) <= 0:
                     break
                 continue
-            chunk, view = view[:capacity], view[capacity:]
-            budget -= len(chunk)
+            take = min(capacity, budget)
+            chunk, view = view[:take], view[take:]
+            budget -= take
             self.input_seq += 1
             n = lib.pn_transport_push(impl, ffi.from_buffer(chunk), len(chunk))
             if n != len(chunk):   # proton refused the bytes: a framing error
