@@ -93,6 +93,7 @@ class AmqpProtocol(asyncio.Protocol):
         # count need not ask the engine again before the next (LinkConsumer.credit).
         self.input_seq = 0
         self.reads = 0       # socket reads so far (producer credit windows count transfers per read)
+        self.read_at = 0.0   # and when the last one was made (the loop's clock)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._timer_remote_idle = 0        # the peer's idle-timeout when the timer was armed
@@ -181,6 +182,7 @@ class AmqpProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.reads += 1
+        self.read_at = self.loop.time()
         if TRACE is not None:
             TRACE.mark("read", id(self), len(data))
             TRACE.stamps("in", id(self), data)

@@ -356,9 +356,10 @@ class Producer:
         lib.pn_link_advance(impl)
         if self.held is None:   # (a held producer is topped up by the flow gate)
             window = self.credit_window
-            window.arrived(self.protocol.reads)
+            protocol = self.protocol
+            window.arrived(protocol.reads, protocol.read_at)
             if lib.pn_link_credit(impl) < self.window // 2:
-                self.window = window.refill()
+                self.window = window.refill(protocol.read_at)
                 self.top_up()
         return bytes(buf) if n == pending else bytes(buf[:max(n, 0)])
 
