@@ -299,6 +299,7 @@ def _die_with_parent() -> None:
 
 def serve(writer: Writer, fd_in: int, fd_out: int) -> None:
     buf = bytearray()
+    into = memoryview(bytearray(READ_SIZE))   # reads land here: no 1 MiB allocation per read
     release_at = 0.0
     touched = False
     stop = False
@@ -331,11 +332,11 @@ def serve(writer: Writer, fd_in: int, fd_out: int) -> None:
             taken += size - len(buf)
             if stop or taken >= GROUP_BYTES or not select.select([fd_in], [], [], 0)[0]:
                 break
-            chunk = os.read(fd_in, READ_SIZE)
-            if not chunk:
+            n = os.readv(fd_in, [into])
+            if not n:
                 stop = True
                 break
-            buf += chunk
+            buf += into[:n]
         if last is None:
             continue
         started = time.perf_counter()
