@@ -123,7 +123,8 @@ class LimitsConfig(StrictModel):
         "name wait too (security/throttle.py)"))
     auth_base_delay: float = Field(0.2, ge=0)
     auth_max_delay: float = Field(10.0, ge=0)
-    link_credit: int = Field(1000, ge=1)                     # credit granted to producers
+    link_credit: int = Field(1000, ge=1)                     # most credit a producer is granted at a time
+                                                              # (it starts at 64 and grows: core/credit.py)
     # Deliveries a consumer link may hold unsettled; beyond, nothing more is sent on it
     # until it settles some, whatever credit it granted (memory stays bounded).
     max_unsettled_per_link: int = Field(10_000, ge=1)

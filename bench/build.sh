@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the benchmark tools into bench/build/ (ignored by git):
 #   bench/build/loadgen   AMQP 1.0 load generator (proton-C proactor)
+#   bench/build/amqp-bench  the independent load/latency tool (bench/amqp-bench/)
 #   bench/build/cbroker   Qpid Proton C example broker (reference broker)
 # Needs: gcc, pkg-config, libqpid-proton11-dev, libqpid-proton11-dev-examples
 # (bench/setup.sh installs them).
@@ -32,6 +33,12 @@ rm -f "$probe" "$out/.probe"
 
 echo "building $out/loadgen"
 gcc -O2 -Wall -Wextra -std=gnu11 -o "$out/loadgen" "$here/loadgen.c" $FLAGS -lpthread
+
+# amqp-bench: the independent load and latency tool (an unmodified copy in
+# bench/amqp-bench/, see its README), built here so that bench/rates.py and the
+# bench smoke test run it beside loadgen.
+echo "building $out/amqp-bench"
+gcc -O2 -g -Wall -Wextra -std=gnu11 -o "$out/amqp-bench" "$here/amqp-bench/amqp-bench.c" $FLAGS
 
 ex=/usr/share/proton/examples/c
 if [ -f "$ex/broker.c" ]; then

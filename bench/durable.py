@@ -8,6 +8,8 @@ In one run, interleaved (the machine is shared and noisy: compare ratios):
   RabbitMQ    durable       p2p, persistent messages in a durable queue (publisher
                             confirms: Accepted after its message store fsync)
   RabbitMQ    non-durable   (reference; --no-rabbitmq-nondurable to skip)
+  amqpbroker before         with --baseline-src DIR: the same two amqpbroker runs with
+                            the code of that tree (the code before a change)
 
 Each run: bench/build/loadgen, 1 sender -> 1 receiver on a fresh queue, N x 256 B,
 unsettled sends with a window of 1000 (the sender waits for Accepted), receiver
@@ -57,6 +59,7 @@ def parse_args(argv=None):
     ap.add_argument("--no-rabbitmq-nondurable", action="store_true")
     ap.add_argument("--rabbitmq-port", type=int, default=5674)
     ap.add_argument("--amqpbroker-bin", default=str(harness.AMQPBROKER))
+    ap.add_argument("--baseline-src", help="a source tree holding amqpbroker/ (the code before a change)")
     ap.add_argument("--json", metavar="OUT")
     ap.add_argument("--keep-tmp", action="store_true")
     return ap.parse_args(argv)
@@ -68,6 +71,7 @@ def harness_args(a) -> argparse.Namespace:
                             "--size", str(a.size), "--timeout", str(a.timeout),
                             "--rabbitmq-port", str(a.rabbitmq_port), "--amqpbroker-bin", a.amqpbroker_bin]
                            + (["--keep-tmp"] if a.keep_tmp else []))
+    h.baseline_src = a.baseline_src
     return h
 
 
@@ -97,6 +101,10 @@ def main(argv=None) -> int:
     hargs = harness_args(a)
     configs = [c for c in CONFIGS if not (c[1] == "rabbitmq" and a.no_rabbitmq)
                and not (c[0] == "RabbitMQ non-durable" and a.no_rabbitmq_nondurable)]
+    if a.baseline_src:
+        configs[2:2] = [("amqpbroker before non-durable", "baseline", False),
+                        ("amqpbroker before durable", "baseline", True)]
+    classes = dict(harness.BROKER_CLASSES, baseline=harness.BaselineBroker)
     brokers: dict[str, harness.Broker] = {}
     failed: dict[str, str] = {}
     runs: list[dict] = []
@@ -104,7 +112,7 @@ def main(argv=None) -> int:
     interrupted = False
     try:
         for name in dict.fromkeys(c[1] for c in configs):
-            b = harness.BROKER_CLASSES[name](hargs)
+            b = classes[name](hargs)
             brokers[name] = b
             harness.log(f"starting {name} ...")
             try:
@@ -172,6 +180,10 @@ def main(argv=None) -> int:
                       rate("RabbitMQ durable"), rate("RabbitMQ non-durable"))
     print(f"amqpbroker durable / RabbitMQ durable:       {harness.fmt_ratio(ad, rd)}")
     print(f"amqpbroker durable / amqpbroker non-durable: {harness.fmt_ratio(ad, an)}")
+    bd, bn = rate("amqpbroker before durable"), rate("amqpbroker before non-durable")
+    if bd:
+        print(f"amqpbroker durable / amqpbroker before durable: {harness.fmt_ratio(ad, bd)}   (target >= 1.0x)")
+        print(f"amqpbroker before durable / before non-durable: {harness.fmt_ratio(bd, bn)}")
     if rn:
         print(f"RabbitMQ durable / RabbitMQ non-durable:     {harness.fmt_ratio(rd, rn)}")
     if check:

@@ -94,6 +94,7 @@ static struct {
   bool durable;
   bool terminus_durable; /* terminus durability "configuration" (RabbitMQ: durable queue) */
   double rate;
+  uint64_t burst; /* with --rate: messages each sender sends at once before pacing */
   double timeout_s;
   bool fanout;
   int threads;
@@ -223,6 +224,7 @@ static void sender_pump(conn_ctx_t *c) {
   if (c->rate > 0) {
     double el = (double)(now_ns() - g.t_go) / 1e9;
     uint64_t allowed = (uint64_t)(el * c->rate) + 1;
+    if (allowed < g.burst) allowed = g.burst; /* a backlog at start goes at once */
     if (allowed < limit) limit = allowed;
   }
   while (c->sent < limit && c->in_flight < g.window && pn_link_credit(l) > 0) {
@@ -623,6 +625,8 @@ static void usage(const char *prog) {
           "  --terminus-durable      terminus durability configuration on both links\n"
           "                          (RabbitMQ declares /queue/NAME durable)\n"
           "  --rate R                pace the senders to R msgs/s in total\n"
+          "  --burst B               with --rate: each sender first sends B messages at once\n"
+          "                          (a client starting with a backlog), then the pace catches up\n"
           "  --fanout                receivers each get every message (topic): expect N*K\n"
           "  --start-delay MS        wait MS after all receivers attached before sending\n"
           "  --user U --password P   SASL PLAIN credentials\n"
@@ -721,6 +725,7 @@ static void print_json(void) {
          "\"window\":%" PRIu64 ",\"credit\":%d,\"rate\":%.1f,\"fanout\":%s,\"durable\":%s",
          g.messages, g.size, g.senders, g.receivers, g.window, g.credit, g.rate,
          g.fanout ? "true" : "false", g.durable ? "true" : "false");
+  printf(",\"burst\":%" PRIu64, g.burst);
   printf(",\"close_s\":%.3f,\"unclosed\":%d", close_s, g.nconns - atomic_load(&g.closed_conns));
   printf(",\"timeout\":%s", atomic_load(&g.timed_out) ? "true" : "false");
   if (atomic_load(&g.has_error)) {
@@ -762,6 +767,7 @@ int main(int argc, char **argv) {
       {"drain-backlog", no_argument, 0, 'B'},
       {"latency-trace", required_argument, 0, 'L'},
       {"shared-sub", required_argument, 0, 'H'},
+      {"burst", required_argument, 0, 'b'},
       {0, 0, 0, 0}};
   int o;
   while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -788,6 +794,7 @@ int main(int argc, char **argv) {
     case 'B': g.drain_backlog = true; break;
     case 'L': g.trace_path = optarg; break;
     case 'H': g.shared_sub = optarg; break;
+    case 'b': g.burst = strtoull(optarg, NULL, 10); break;
     case 'h': usage(argv[0]); return 0;
     default: usage(argv[0]); return 2;
     }

@@ -43,7 +43,8 @@ RABBITMQCTL = Path("/usr/lib/rabbitmq/bin/rabbitmqctl")
 
 ALL_BROKERS = ["amqpbroker", "cbroker", "rabbitmq"]
 ALL_SCENARIOS = ["p2p", "fanout", "competing", "latency"]
-LABELS = {"amqpbroker": "amqpbroker", "cbroker": "C example", "rabbitmq": "RabbitMQ"}
+LABELS = {"amqpbroker": "amqpbroker", "cbroker": "C example", "rabbitmq": "RabbitMQ",
+          "baseline": "amqpbroker before"}
 
 try:  # rich is optional
     from rich.console import Console
@@ -265,6 +266,29 @@ class AmqpBroker(Broker):
         return f"amqpbroker ({self.args.amqpbroker_bin})"
 
 
+class BaselineBroker(AmqpBroker):
+    """amqpbroker from another source tree (e.g. `git archive <commit> amqpbroker`),
+    run by this venv's Python: the same dependencies, the code before a change, in
+    the same run (`--baseline-src` of rates.py, durable.py)."""
+    name = "baseline"
+
+    def start(self) -> None:
+        src = Path(self.args.baseline_src).resolve()
+        if not (src / "amqpbroker" / "__init__.py").exists():
+            raise BrokerStartError(f"{src}/amqpbroker not found")
+        python = REPO / ".venv" / "bin" / "python"
+        self.args = argparse.Namespace(**vars(self.args))
+        wrapper = Path(tempfile.mkdtemp(prefix="bench-baseline-")) / "amqpbroker"
+        # (run from the tree itself: `python -m` puts the working directory first on the path)
+        wrapper.write_text(f"#!/bin/sh\ncd {src} && PYTHONPATH={src} exec {python} -m amqpbroker.cli \"$@\"\n")
+        wrapper.chmod(0o755)
+        self.args.amqpbroker_bin = str(wrapper)
+        super().start()
+
+    def describe(self) -> str:
+        return f"amqpbroker from {self.args.baseline_src}"
+
+
 class CBroker(Broker):
     name = "cbroker"
     supports_topic = False  # the example broker only has queues
@@ -396,7 +420,8 @@ class RabbitMQ(Broker):
         return f"RabbitMQ {v} (rabbitmq_amqp1_0 plugin)"
 
 
-BROKER_CLASSES = {"amqpbroker": AmqpBroker, "cbroker": CBroker, "rabbitmq": RabbitMQ}
+BROKER_CLASSES = {"amqpbroker": AmqpBroker, "cbroker": CBroker, "rabbitmq": RabbitMQ,
+                  "baseline": BaselineBroker}
 
 
 # --------------------------------------------------------------------------
@@ -414,7 +439,8 @@ def scenario_params(name: str, args: argparse.Namespace) -> dict:
         return dict(base, receivers=4, messages=args.messages, kind="queue")
     if name == "latency":
         n = int(round(args.latency_rate * args.latency_seconds))
-        return dict(base, receivers=1, messages=n, kind="queue", rate=args.latency_rate)
+        return dict(base, receivers=1, messages=n, kind="queue", rate=args.latency_rate,
+                    burst=args.latency_burst)
     raise ValueError(name)
 
 
@@ -444,6 +470,8 @@ def run_loadgen(broker: Broker, scenario: str, rep: int, args: argparse.Namespac
         cmd += ["--fanout", "--start-delay", str(args.fanout_start_delay)]
     if p.get("rate"):
         cmd += ["--rate", str(p["rate"])]
+    if p.get("burst"):
+        cmd += ["--burst", str(p["burst"])]
     if args.durable:
         cmd.append("--durable")
         if broker.name == "rabbitmq" and p["kind"] == "queue":
@@ -567,7 +595,7 @@ def fmt_ratio(a, b, invert=False):
 def build_rows(summ: dict, scenarios: list[str], brokers: list[str], failed: dict,
                died: dict) -> tuple[list, list]:
     """Rows of the main table: (label, {broker: cell}, ratio_rabbit, ratio_c)."""
-    ratio_to = [b for b in ("rabbitmq", "cbroker") if b in brokers and "amqpbroker" in brokers]
+    ratio_to = [b for b in ("rabbitmq", "cbroker", "baseline") if b in brokers and "amqpbroker" in brokers]
     header = ["scenario", "metric"] + [LABELS[b] for b in brokers] + [
         f"amqpbroker / {LABELS[b]}" for b in ratio_to]
     rows = []
@@ -611,7 +639,7 @@ def build_rows(summ: dict, scenarios: list[str], brokers: list[str], failed: dic
                     ("achieved msgs/s", "msgs_per_s", fmt_rate, False)],
     }
     for rows_of in metrics.values():
-        rows_of.append(("broker CPU µs/msg", "cpu_us", lambda v: "—" if v is None else f"{v:.0f}", True))
+        rows_of.append(("broker CPU µs/msg", "cpu_us", lambda v: "—" if v is None else f"{v:.1f}", True))
     def cpu_cell(sc, b):
         s = summ.get((sc, b))
         if b in failed or not s or s.get("loadgen_cpu_pct") is None:
@@ -705,7 +733,7 @@ def print_table(header, rows, args) -> None:
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--brokers", default=",".join(ALL_BROKERS),
-                    help="comma list of %s" % ",".join(ALL_BROKERS))
+                    help="comma list of %s (and baseline, with --baseline-src)" % ",".join(ALL_BROKERS))
     ap.add_argument("--scenarios", default=",".join(ALL_SCENARIOS),
                     help="comma list of %s" % ",".join(ALL_SCENARIOS))
     ap.add_argument("--messages", type=int, default=100_000,
@@ -715,6 +743,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="repeats, interleaved across brokers; the table shows the median")
     ap.add_argument("--latency-rate", type=float, default=1000.0, help="msgs/s of the latency scenario")
     ap.add_argument("--latency-seconds", type=float, default=10.0, help="duration of the latency scenario")
+    ap.add_argument("--latency-burst", type=int, default=512,
+                    help="messages the latency scenario's sender sends at once before pacing, as far as "
+                         "the broker's credit allows (amqp-bench's first batch; 0: paced from the first)")
     ap.add_argument("--timeout", type=float, default=120.0, help="bound of each loadgen run, seconds")
     ap.add_argument("--start-timeout", type=float, default=30.0, help="seconds to wait for a broker to listen")
     ap.add_argument("--warmup", type=int, default=5000,
@@ -724,6 +755,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--loadgen-threads", type=int, default=1)
     ap.add_argument("--durable", action="store_true", help="send durable messages")
     ap.add_argument("--amqpbroker-bin", default=str(AMQPBROKER))
+    ap.add_argument("--baseline-src", help="with broker `baseline`: a source tree holding amqpbroker/ "
+                                           "(the code before a change, in the same run)")
     ap.add_argument("--rabbitmq-port", type=int, default=5674)
     ap.add_argument("--json", metavar="OUT", help="also write all results as JSON to OUT")
     ap.add_argument("--plain", action="store_true", help="plain-text table even if rich is installed")
@@ -737,6 +770,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     for s in args.scenario_list:
         if s not in ALL_SCENARIOS:
             ap.error(f"unknown scenario {s!r}")
+    if "baseline" in args.broker_list and not args.baseline_src:
+        ap.error("broker baseline needs --baseline-src")
     return args
 
 

@@ -22,6 +22,8 @@ case ",$extras," in *,test,*) pkgs+=(chromium chromium-driver)
 case ",$extras," in *,test,*) pkgs+=(zookeeper default-jre-headless) ;; esac
 # Spark runs on a Java runtime (17 or later: Debian 12's default-jre-headless is 17).
 case ",$extras," in *,spark,*) command -v java >/dev/null || pkgs+=(default-jre-headless) ;; esac
+# Proton C and its example broker: the bench smoke test builds bench/build/ (loadgen, amqp-bench, cbroker).
+case ",$extras," in *,test,*) pkgs+=(libqpid-proton11-dev libqpid-proton11-dev-examples) ;; esac
 need_pkgs=()
 for pkg in "${pkgs[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_pkgs+=("$pkg")

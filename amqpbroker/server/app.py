@@ -21,6 +21,7 @@ from ..core.handshakes import HandshakeGate
 from ..core.limits import LimitRule, limits_for
 from ..core.registry import SubscriptionRegistry, subscription_filter
 from ..core.transactions import TransactionRegistry
+from ..looptrace import TRACE
 from ..security.guard import UNAUTHORIZED, AccessGuard
 from ..security.certs import CertIdentities, peer_certificate
 from ..security.throttle import auth_throttle
@@ -303,10 +304,14 @@ class BrokerServer:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        if TRACE is not None:
+            TRACE.mark("flush", 0, len(self.dirty))
         while self.dirty:
             batch, self.dirty = self.dirty, []
             for proto in batch:
                 proto.flush()
+        if TRACE is not None:
+            TRACE.mark("flush", 0, -1)
         self._schedule_wakeup()
 
     def _schedule_wakeup(self) -> None:
@@ -320,6 +325,8 @@ class BrokerServer:
         self._wakeup = self.loop.call_later(max(0.0, due - time.time()), self._on_wakeup)
 
     def _on_wakeup(self) -> None:
+        if TRACE is not None:
+            TRACE.mark("wakeup", 0)
         self._wakeup = None
         self._wakeup_at = None
         self.broker.tick()

@@ -20,6 +20,7 @@ from cproton import ffi, lib
 from proton import Condition, Delivery, Link
 
 from ..core.credit import beyond_credit, top_up_below
+from ..core.credit_window import CreditWindow
 from ..core.message import selector_accepts
 from ..core.ordering import SettlementOrder
 from ..core.queues import Entry, Outcome, Queue
@@ -303,8 +304,13 @@ class Producer:
         self.link = link
         self.impl = link._impl
         self.target = target           # None: anonymous relay, route by `to`
-        self.window = credit
-        self.low = top_up_below(credit)   # top up when the credit falls below (set by the gate)
+        # The credit window starts small and grows for a producer that uses it up in
+        # bursts, up to `credit` (core/credit_window.py: what a burst costs everyone's
+        # latency); the flow gate may allow less (core/credit.py).
+        self.credit_window = CreditWindow(credit)
+        self.window = self.credit_window.window
+        self.low = top_up_below(self.window)   # top up when the credit falls below (set by the gate)
+        self.protocol = handler.protocol
         self.max_message_size = max_message_size
         # Answers go out in the order transfers arrived on the session (Qpid JMS
         # completion ordering): one order per session, shared by its producers.
@@ -375,8 +381,7 @@ class Producer:
             return
         self.last_size = pending
         self.handler.receive(self, dlv, bytes(buf) if n == pending else bytes(buf[:max(n, 0)]))
-        if self.held is None and credit < self.low:
-            self.top_up()
+        self._taken(credit)
 
     def whole_payload(self, dlv: Any) -> bytes | None:
         """A control link's delivery: its bytes once complete; None while partial, when
@@ -398,9 +403,21 @@ class Producer:
         if credit < 0 and self._beyond_credit(credit + 1):
             lib.pn_delivery_settle(dlv)
             return None
-        if credit < self.low:
-            self.top_up()
+        self._taken(credit)
         return bytes(buf) if n == pending else bytes(buf[:max(n, 0)])
+
+    def _taken(self, credit: int) -> None:
+        """A transfer was taken, `credit` left: the window learns how it came (one socket
+        read among many, or a burst: core/credit_window.py) and, below `low`, grows or
+        shrinks and the producer is topped up.  A held producer is topped up by the gate."""
+        if self.held is not None:
+            return
+        protocol = self.protocol
+        window = self.credit_window
+        window.arrived(protocol.reads, protocol.read_at)
+        if credit < self.low:
+            self.window = window.refill(protocol.read_at)
+            self.top_up()
 
     def _beyond_credit(self, credit_left: int) -> bool:
         """AMQP 1.0 §2.6.7: a transfer beyond the credit granted is a protocol violation.

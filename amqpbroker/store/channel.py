@@ -29,6 +29,7 @@ from typing import Any
 
 import lmdb
 
+from ..looptrace import TRACE
 from . import writer as writer_proc
 from .base import StoreError, StoreFault, StoreFull
 from .batch import ENTRY_KEY, Batch
@@ -85,6 +86,8 @@ class WriterChannel:
         self._local = Batch()
         number = self.batch
         self.batch += 1
+        if TRACE is not None:
+            TRACE.mark("handoff", batch.ops, number)
         try:
             if self._faults is not None:
                 self._faults.check("seal")
@@ -242,6 +245,8 @@ class WriterChannel:
 
     def _apply_result(self, result: tuple, defer: bool = False) -> None:
         number, kind, text, elapsed, ops, full, map_size = result
+        if TRACE is not None:
+            TRACE.mark("commit", int(elapsed * 1e6), number)
         error = None
         if kind == "full":
             error = StoreFull(text)

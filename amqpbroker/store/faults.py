@@ -12,6 +12,8 @@ points   where the error is raised
   pipe-write    broker: writing a frame to the writer's pipe (nothing of it written)
   results       broker: reading the writer's result pipe
   commit        writer process: inside the write transaction, before any write
+  journal       writer process: journaling a commit already applied to LMDB (store/journal.py)
+  checkpoint    writer process: a checkpoint (LMDB synced, the journal started afresh)
   result-write  writer process: writing a commit result back
 errors   MemoryError (default), an errno name (ENOSPC, EPIPE, EIO, ...) for an
          OSError, an lmdb exception name (MapFullError, DiskError, ...), or
@@ -34,7 +36,7 @@ from dataclasses import dataclass
 log = logging.getLogger("amqpbroker.store.faults")
 
 ENV = "AMQPBROKER_STORE_FAULTS"
-POINTS = ("seal", "encode", "pipe-write", "results", "commit", "result-write")
+POINTS = ("seal", "encode", "pipe-write", "results", "commit", "journal", "checkpoint", "result-write")
 _SPEC = re.compile(r"^(?P<point>[a-z-]+)(?::(?P<error>[A-Za-z]+))?(?:@(?P<after>\d+))?(?:\*(?P<times>\d+|inf))?$")
 
 

@@ -50,6 +50,7 @@ from typing import Any, Callable
 
 import lmdb
 
+from . import journal as journal_mod
 from . import writer as writer_proc
 from .base import FORMAT_VERSION, QueueRecord, Snapshot, Store, StoreError
 from .batch import U32, U64, Batch
@@ -156,6 +157,12 @@ class LmdbStore(WriterChannel, LmdbReads, Store):
         where = f"store at {self.path}"
         hint = RECOVERY_HINT.replace("DIR", str(self.path.parent))
         try:
+            # Before anything maps data.mdb: LMDB back at the journal's last checkpoint
+            # (store/journal.py); its records are applied again once LMDB is open.
+            journal, records = journal_mod.restore(self.path)
+        except (OSError, journal_mod.JournalError) as exc:
+            raise StoreError(f"cannot read the journal of the {where}: {exc}") from exc
+        try:
             found = preflight(self.path)
         except StoreDamaged as exc:
             raise StoreDamaged(f"{where} is damaged: {exc}; {hint}") from None
@@ -181,6 +188,7 @@ class LmdbStore(WriterChannel, LmdbReads, Store):
                     raise StoreError(
                         f"store at {self.path} has format version {version.decode(errors='replace')}; "
                         f"this broker reads version {FORMAT_VERSION} only")
+            self._apply_journal(journal, records)
             snapshot = self._read_snapshot()
         except lmdb.Error as exc:
             raise StoreDamaged(f"{where} cannot be read: {type(exc).__name__}: {exc}; {hint}") from None
@@ -194,6 +202,20 @@ class LmdbStore(WriterChannel, LmdbReads, Store):
         self._next_msg_id = snapshot.next_msg_id
         return snapshot
 
+    def _apply_journal(self, journal: journal_mod.Journal | None, records: list[bytes]) -> None:
+        """The journal's records applied again (a crash left them), then a checkpoint:
+        the journal starts empty, for this data.mdb."""
+        if records:
+            count = writer_proc.replay(self.env, self._dbs, records)
+            log.info("store at %s: %d batch(es) of the journal applied again", self.path, count)
+        journal = journal or journal_mod.Journal.open(self.path)
+        try:
+            journal.checkpoint(self.env)
+        except (OSError, journal_mod.JournalError) as exc:
+            raise StoreError(f"cannot write the journal of the store at {self.path}: {exc}") from exc
+        finally:
+            journal.close()
+
     def _start_writer(self) -> None:
         """The writer process (store/writer.py) on the same environment.  It gets the
         store lock's descriptor (store/lock.py: the lock lasts until it exited too)."""
@@ -201,7 +223,8 @@ class LmdbStore(WriterChannel, LmdbReads, Store):
         root = str(Path(__file__).resolve().parents[2])   # where this amqpbroker package lives
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
         self._writer = subprocess.Popen(
-            [sys.executable, "-m", "amqpbroker.store.writer", str(self.path), str(size), str(self.max_map_size)],
+            [sys.executable, "-m", "amqpbroker.store.writer", str(self.path), str(size), str(self.max_map_size),
+             "--recovered"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True, env=env,
             pass_fds=() if self._lock.fd is None else (self._lock.fd,))
         w, r = self._writer.stdin.fileno(), self._writer.stdout.fileno()

@@ -53,6 +53,23 @@ def _lock(store_dir: Path, command: str) -> StoreLock | None:
     return lock
 
 
+def apply_journal(store_dir: Path, out: TextIO) -> str | None:
+    """Batches a broker left in the store's journal without a clean stop (a crash:
+    store/journal.py) applied, as a broker's start would, before the store is looked
+    at or copied.  Only with the store's lock held (no broker on it).  A problem, or None."""
+    import lmdb
+
+    from .journal import JournalError
+    from .writer import recover
+    try:
+        applied = recover(store_dir)
+    except (OSError, lmdb.Error, JournalError, StoreDamaged) as exc:
+        return f"the store's journal could not be applied: {exc}"
+    if applied:
+        print(f"applied {applied} batch(es) left in the store's journal (as a broker's start does)", file=out)
+    return None
+
+
 def examine(store_dir: Path, out: TextIO) -> Report:
     """Start-up checks and the full walk; the summary printed to `out`."""
     data = store_dir / DATA_FILE
@@ -95,7 +112,8 @@ def check(path: Path, out: TextIO = sys.stdout) -> int:
         _err(str(exc))
         return 2
     try:
-        report = examine(store_dir, out)
+        problem = apply_journal(store_dir, out)
+        report = examine(store_dir, out) if problem is None else Report(False, problems=[problem])
     finally:
         if lock is not None:
             lock.release()
@@ -112,6 +130,19 @@ def backup(path: Path, dest: Path, compact: bool = True, out: TextIO = sys.stdou
     if dest.exists() and any(dest.iterdir()):
         _err(f"{dest} exists and is not empty")
         return 2
+    lock = StoreLock(store_dir)   # no broker on it: what a crash left in the journal first
+    try:
+        lock.acquire(dead_holder_wait=0.0, what="store command")
+    except (StoreLocked, OSError):
+        lock = None                   # a running broker: its store is whole in memory
+    if lock is not None:
+        try:
+            problem = apply_journal(store_dir, out)
+        finally:
+            lock.release()
+        if problem is not None:
+            _err(f"store at {store_dir} not copied: {problem}")
+            return 2
     try:
         preflight(store_dir)   # a truncated file would kill this process (SIGBUS) while copying
     except StoreDamaged as exc:

@@ -1,4 +1,5 @@
-"""The store's writer process: applies sealed batches to LMDB with group commit.
+"""The store's writer process: applies sealed batches to LMDB with group commit,
+one fdatasync per commit (store/journal.py).
 
 Why a process and not a thread: py-lmdb releases the GIL around every put and
 delete, and taking it back after each one costs the event loop a GIL hand-over
@@ -16,8 +17,16 @@ length and a pickle:
                     one per commit: every batch up to `number` is settled
 
 The writer takes every batch already waiting, up to GROUP_BYTES of frames (one
-transaction, one fsync: group commit), so it never waits for more than it has and
-never holds more than that at once.  It dies with the broker (PR_SET_PDEATHSIG),
+transaction: group commit), so it never waits for more than it has and never
+holds more than that at once.  The transaction commits without a sync (LMDB
+MDB_NOSYNC: visible at once to the broker's reads and to a store copy), then the
+same frames are appended to the journal with one fdatasync, and only then is the
+commit reported.  A checkpoint (LMDB synced, the journal started afresh) follows
+when the journal is half full, when the writer is idle, and at a clean stop;
+store/journal.py says why a system crash cannot then lose or corrupt anything.
+Started by a broker, the broker has already brought LMDB back to its last
+checkpoint and applied the journal (`--recovered`); started alone (a replica's
+writer, amqpbroker/ha), it does that itself.  It dies with the broker (PR_SET_PDEATHSIG),
 and exits on end of input, or with one log line when its pipes fail (the broker
 then replays every batch not reported committed to a new writer).  A commit that
 fails is reported ("error", or "full") and what its batches remove is still
@@ -35,10 +44,12 @@ import signal
 import struct
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import lmdb
 
+from . import journal as journal_mod
 from .batch import Batch
 from .faults import Faults
 from .maps import release_map, trim_heap
@@ -90,23 +101,93 @@ def take_frames(buf: bytearray, max_bytes: int | None = None) -> list[Any]:
     return out
 
 
+def take_raw_frames(buf: bytearray, max_bytes: int | None = None) -> list[tuple[Any, bytes]]:
+    """As take_frames, with each frame's bytes (length prefix included)."""
+    out = []
+    off = 0
+    n = len(buf)
+    view = memoryview(buf)
+    while n - off >= 4:
+        size = FRAME.unpack_from(buf, off)[0]
+        if n - off - 4 < size or (max_bytes is not None and out and off + 4 + size > max_bytes):
+            break
+        raw = bytes(view[off:off + 4 + size])
+        out.append((pickle.loads(memoryview(raw)[4:]), raw))
+        off += 4 + size
+    view.release()
+    if off:
+        del buf[:off]
+    return out
+
+
 def has_frame(buf: bytearray) -> bool:
     return len(buf) >= 4 and len(buf) - 4 >= FRAME.unpack_from(buf, 0)[0]
 
 
+def replay(env: lmdb.Environment, dbs: dict, records: list[bytes]) -> int:
+    """Apply journal records (each the batch frames of one group commit) in one
+    transaction, in their order: the batches they hold, again.  The batches' count."""
+    count = 0
+    with env.begin(write=True) as txn:
+        for record in records:
+            for msg in take_frames(bytearray(record)):
+                batch_from_fields(msg[2]).apply(txn, dbs)
+                count += 1
+    return count
+
+
+def open_dbs(env: lmdb.Environment) -> dict:
+    return {name: env.open_db(name.encode()) for name in DBS}
+
+
+def recover(path: str | os.PathLike) -> int:
+    """Bring a store nobody has open back to its last checkpoint and apply its
+    journal again (store/journal.py), then checkpoint: what a broker does at start.
+    The batches applied (0: nothing was waiting)."""
+    from .integrity import preflight
+    journal, records = journal_mod.restore(path)
+    if journal is None and not records:
+        return 0
+    if not preflight(Path(path)).exists:   # (StoreDamaged for a file LMDB must not map)
+        journal.close()
+        return 0
+    env = lmdb.open(str(path), max_dbs=16, readahead=False, max_readers=256)
+    try:
+        count = replay(env, open_dbs(env), records) if records else 0
+        (journal or journal_mod.Journal.open(path)).checkpoint(env)
+    finally:
+        env.close()
+        if journal is not None:
+            journal.close()
+    return count
+
+
 class Writer:
-    def __init__(self, path: str, map_size: int, max_map_size: int, faults: Faults | None = None):
+    def __init__(self, path: str, map_size: int, max_map_size: int, faults: Faults | None = None,
+                 recovered: bool = False):
         self.path = path
         self.max_map_size = max_map_size
         self.faults = faults   # store/faults.py (tests only), or None
-        self.env = lmdb.open(path, map_size=map_size, max_dbs=16, sync=True, metasync=True,
+        journal, records = (None, []) if recovered else journal_mod.restore(path)
+        # No sync at commit: the journal makes each commit durable (module docstring).
+        self.env = lmdb.open(path, map_size=map_size, max_dbs=16, sync=False, metasync=False,
                              readahead=False, max_readers=256)
-        self.dbs = {name: self.env.open_db(name.encode()) for name in DBS}
+        self.dbs = open_dbs(self.env)
+        if records:
+            log.info("store: %d batch(es) of the journal applied again", replay(self.env, self.dbs, records))
+        self.journal = journal or journal_mod.Journal.open(path)
+        self.pin: lmdb.Transaction | None = None   # the last checkpoint's snapshot (journal.py)
+        self.checkpoint()
+        # Only now may a dead writer's pin on an earlier checkpoint go.
+        self.env.reader_check()
         self.full = False
 
-    def commit(self, batches: list[Batch]) -> tuple[str | None, str | None]:
-        """Apply the batches, in hand-over order, in one transaction (one fsync);
-        (error kind, text) or (None, None)."""
+    def commit(self, batches: list[Batch], frames: list[bytes]) -> tuple[str | None, str | None]:
+        """Apply the batches, in hand-over order, in one transaction, and journal their
+        frames (one fdatasync); (error kind, text) or (None, None).  A journal that
+        cannot be written raises: nothing may be reported then (main exits, the
+        broker replays every batch not reported committed to a new writer)."""
+        unpinned = False
         while True:
             try:
                 with self.env.begin(write=True) as txn:
@@ -114,18 +195,20 @@ class Writer:
                         self.faults.check("commit")
                     for batch in batches:
                         batch.apply(txn, self.dbs)
-                if self.full:
-                    self.full = self.usage() > FULL_AT
-                return None, None
+                break
             except lmdb.MapFullError:
                 size = self.env.info()["map_size"]
+                if size >= self.max_map_size and not unpinned and self.journal.used:
+                    # Pages freed since the last checkpoint are pinned with it: a new
+                    # one lets LMDB reuse them before the store counts as full.
+                    self.checkpoint()
+                    unpinned = True
+                    continue
                 if size >= self.max_map_size:
                     self.full = True
                     self.commit_removals(batches)
                     return "full", f"store map reached its maximum of {self.max_map_size} bytes"
-                size = min(size * 2, self.max_map_size)
-                self.env.set_mapsize(size)
-                log.info("store map grown to %d bytes", size)
+                self.grow(min(size * 2, self.max_map_size))
             except lmdb.DiskError as exc:
                 self.full = True
                 self.commit_removals(batches)
@@ -133,6 +216,42 @@ class Writer:
             except Exception as exc:   # MemoryError, I/O: reported, producers are told
                 self.commit_removals(batches)
                 return "error", f"{type(exc).__name__}: {exc}"
+        self.log(b"".join(frames))
+        if self.full:
+            self.full = self.usage() > FULL_AT
+        return None, None
+
+    def log(self, payload: bytes) -> None:
+        """`payload` (already applied to LMDB) durable: a journal record, or, when it
+        does not fit in what is left of the journal, a checkpoint (LMDB synced)."""
+        if self.faults is not None:
+            self.faults.check("journal")
+        if self.journal.fits(len(payload)):
+            self.journal.append(payload)
+        else:
+            self.checkpoint()
+
+    def checkpoint(self) -> None:
+        """LMDB synced and the journal started afresh; the snapshot pinned until the
+        next checkpoint (store/journal.py)."""
+        if self.faults is not None:
+            self.faults.check("checkpoint")
+        self.journal.checkpoint(self.env)
+        old, self.pin = self.pin, self.env.begin()
+        if old is not None:
+            old.abort()
+
+    def grow(self, size: int) -> None:
+        """A larger map.  LMDB takes a new map size only with no transaction open in
+        the process: a checkpoint first, so that the pin may go meanwhile."""
+        self.checkpoint()
+        self.pin.abort()
+        self.pin = None
+        try:
+            self.env.set_mapsize(size)
+        finally:
+            self.pin = self.env.begin()
+        log.info("store map grown to %d bytes", size)
 
     def commit_removals(self, batches: list[Batch]) -> None:
         """The batches do not fit: still commit what they remove (acknowledged entries,
@@ -140,11 +259,22 @@ class Writer:
         The broker already forgot those; losing them would leak the space (the store
         would stay full) and bring acknowledged messages back after a restart."""
         try:
+            removals = [batch.removals_only() for batch in batches]
             with self.env.begin(write=True) as txn:
-                for batch in batches:
-                    batch.removals_only().apply(txn, self.dbs)
+                for batch in removals:
+                    batch.apply(txn, self.dbs)
         except Exception as exc:
             log.error("store: the removals of a batch that was not committed failed too: %s", exc)
+            return
+        self.log(b"".join(frame(("batch", -1, batch_fields(b))) for b in removals))
+
+    def close(self) -> None:
+        """A clean stop: everything in LMDB for good, the journal empty."""
+        self.pin.abort()
+        self.pin = None
+        self.journal.checkpoint(self.env, clean=True)
+        self.journal.close()
+        self.env.close()
 
     def usage(self) -> float:
         """Share of the map in use.  Pages of every database, not `last_pgno`: that is
@@ -169,61 +299,71 @@ def _die_with_parent() -> None:
 
 def serve(writer: Writer, fd_in: int, fd_out: int) -> None:
     buf = bytearray()
+    into = memoryview(bytearray(READ_SIZE))   # reads land here: no 1 MiB allocation per read
     release_at = 0.0
     touched = False
     stop = False
     while not stop:
         if not has_frame(buf):
-            # Wait for work; once idle for a moment, unmap what the last commits
-            # touched and give the heap's free memory back.
+            # Wait for work; once idle for a moment, checkpoint (a restart then has
+            # nothing to apply again), unmap what the last commits touched and give
+            # the heap's free memory back.
             ready = select.select([fd_in], [], [], MAP_RELEASE_IDLE if touched else None)[0]
             if not ready:
                 touched = False
+                if writer.journal.used:
+                    writer.checkpoint()
                 release_map(writer.path)
                 trim_heap()
                 continue
         batches: list[Batch] = []
+        frames: list[bytes] = []
         last = None
         taken = 0
         while True:   # everything already waiting, up to GROUP_BYTES: one commit
             size = len(buf)
-            for msg in take_frames(buf, GROUP_BYTES - taken):
+            for msg, raw in take_raw_frames(buf, GROUP_BYTES - taken):
                 if msg[0] == "stop":
                     stop = True
                 else:
                     last = msg[1]
                     batches.append(batch_from_fields(msg[2]))
+                    frames.append(raw)
             taken += size - len(buf)
             if stop or taken >= GROUP_BYTES or not select.select([fd_in], [], [], 0)[0]:
                 break
-            chunk = os.read(fd_in, READ_SIZE)
-            if not chunk:
+            n = os.readv(fd_in, [into])
+            if not n:
                 stop = True
                 break
-            buf += chunk
+            buf += into[:n]
         if last is None:
             continue
         started = time.perf_counter()
-        kind, text = writer.commit(batches)
+        kind, text = writer.commit(batches, frames)
         elapsed = time.perf_counter() - started
         if kind is not None:
             log.error("store commit of %d batch(es) failed: %s", len(batches), text)
         result = (last, kind, text, elapsed, sum(b.ops for b in batches), writer.full,
                   writer.env.info()["map_size"])
-        del batches
+        del batches, frames
         if writer.faults is not None:
             writer.faults.check("result-write")
         os.write(fd_out, frame(result))   # small: a pipe takes it whole
         touched = True
+        if writer.journal.used >= writer.journal.checkpoint_at:
+            writer.checkpoint()
         if started >= release_at:
             release_at = started + MAP_RELEASE_INTERVAL
             touched = False
             release_map(writer.path)
-    writer.env.close()
+    writer.close()
 
 
 def main(argv: list[str] | None = None) -> int:
-    path, map_size, max_map_size = (argv or sys.argv[1:])[:3]
+    args = argv or sys.argv[1:]
+    path, map_size, max_map_size = args[:3]
+    recovered = "--recovered" in args[3:]   # the broker has applied the journal already
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)     # the broker decides when to stop
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -232,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     fd_in, fd_out = sys.stdin.fileno(), sys.stdout.fileno()
     sys.stdout = sys.stderr   # nothing but frames on the result pipe
     try:
-        serve(Writer(path, int(map_size), int(max_map_size), Faults.from_env()), fd_in, fd_out)
+        serve(Writer(path, int(map_size), int(max_map_size), Faults.from_env(), recovered), fd_in, fd_out)
     except Exception as exc:   # MemoryError, a pipe error, a torn frame: one line, not a traceback
         log.error("store writer process for %s exits: %s: %s (the broker replays what it did not "
                   "report committed)", path, type(exc).__name__, exc)
