@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from cproton import ffi, lib
 from proton import Condition, Delivery, Link
 
+from ..core import outbound
 from ..core.credit import beyond_credit, top_up_below
 from ..core.message import selector_accepts
 from ..core.ordering import SettlementOrder
@@ -46,9 +47,40 @@ _REMOTE_CLOSED = lib.PN_REMOTE_CLOSED
 # How long the deliveries of an ended consumer link wait for a late disposition
 # (Qpid JMS sends one round trip after the broker's detach); then they are settled.
 LATE_OUTCOME_WINDOW = 5.0
+_DELIVERY_COST = outbound.DELIVERY_COST
 
 
-class LinkConsumer:
+class BoundedOutput:
+    """A sending link's bound on what the engine holds of it unsent (core/outbound.py):
+    a peer whose session window stays closed gets no more than the bounds, whatever
+    link credit it grants.  A link spends `_budget` as it sends; spent, it looks at the
+    engine's counters again, and at a bound waits on its connection's output: the next
+    flush that writes anything calls `output_moved` (from the loop)."""
+
+    __slots__ = ()
+    handler: "ConnectionHandler"
+    impl: Any
+    _session: Any
+    _budget: int
+    _waiting_output: bool
+
+    def engine_room(self) -> bool:
+        """Whether the link may hand the engine more now (it spent its budget)."""
+        if self._waiting_output:
+            return False
+        budget = outbound.budget(lib.pn_link_queued(self.impl), lib.pn_session_outgoing_bytes(self._session))
+        if budget <= 0:
+            self._waiting_output = True
+            self.handler.protocol.output_waiters.append(self)
+            return False
+        self._budget = budget
+        return True
+
+    def output_moved(self) -> None:
+        self._waiting_output = False
+
+
+class LinkConsumer(BoundedOutput):
     """A sending link on a queue: implements core.queues.ConsumerPort."""
 
     def __init__(self, handler: "ConnectionHandler", link: Link, queue: Queue, *,
@@ -80,6 +112,8 @@ class LinkConsumer:
         self.ready = True              # False until the attach reply is sent (durable commit)
         self._open_at = -1             # protocol.input_seq when peer_ending() was last False
         self.subscription: Any = None  # set by the subscription layer
+        self._budget = 0               # what it may hand the engine before it looks again (BoundedOutput)
+        self._waiting_output = False
 
     # --- ConsumerPort
 
@@ -90,13 +124,17 @@ class LinkConsumer:
         (AmqpProtocol.hold_for_store): deliveries handed over then would only pile up
         in the engine, and each may ask for a newer batch, so the output could stay
         held for as long as the backlog lasts (settled transfers: nothing else bounds
-        them).  The queue is dispatched again when the output is released."""
+        them).  The queue is dispatched again when the output is released.  None
+        either while the engine holds as much of this link or its session unsent as
+        it may (BoundedOutput: a peer whose session window stays closed)."""
         protocol = self.handler.protocol
         if self.closed or not self.ready or protocol.write_paused or protocol.hold.held:
             return 0
         room = self.max_unsettled - len(self.unsettled)
         if room <= 0:
             return 0   # credit is a permission, not a duty (AMQP 1.0 §2.6.7): memory is bounded
+        if self._budget <= 0 and not self.engine_room():
+            return 0
         credit = link_credit(self.impl)
         if credit > 0:
             seen = self.handler.protocol.input_seq
@@ -130,8 +168,10 @@ class LinkConsumer:
         _pack_tag(self._tag_buf, 0, self._tag)
         dlv = lib.pn_delivery(impl, self._tag_t[0])
         payload = entry.payload()
-        lib.pn_link_send(impl, ffi.from_buffer(payload), len(payload))
+        size = len(payload)
+        lib.pn_link_send(impl, ffi.from_buffer(payload), size)
         lib.pn_link_advance(impl)
+        self._budget -= size + _DELIVERY_COST   # outbound.cost, inline
         return dlv
 
     def deliver(self, entry: Entry) -> None:
@@ -155,6 +195,12 @@ class LinkConsumer:
         self.handler.protocol.mark_dirty()
 
     # --- proton events
+
+    def output_moved(self) -> None:
+        """The connection's output moved while the link waited on the engine: go on."""
+        self._waiting_output = False
+        if not self.closed:
+            self.queue.dispatch()
 
     def on_flow(self) -> None:
         self.queue.dispatch()
