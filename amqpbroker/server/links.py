@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 from cproton import ffi, lib
 from proton import Condition, Delivery, Link
 
-from ..core import outbound
 from ..core.credit import beyond_credit, top_up_below
 from ..core.message import selector_accepts
 from ..core.ordering import SettlementOrder
 from ..core.queues import Entry, Outcome, Queue
 from ..core.settlement import LinkEnding, counts_as_failed
 from ..core.subscriptions import RESOURCE_LIMIT
+from .outbound import DELIVERY_COST, BoundedOutput
 
 if TYPE_CHECKING:
     from ..core.addresses import Resolution
@@ -47,37 +47,6 @@ _REMOTE_CLOSED = lib.PN_REMOTE_CLOSED
 # How long the deliveries of an ended consumer link wait for a late disposition
 # (Qpid JMS sends one round trip after the broker's detach); then they are settled.
 LATE_OUTCOME_WINDOW = 5.0
-_DELIVERY_COST = outbound.DELIVERY_COST
-
-
-class BoundedOutput:
-    """A sending link's bound on what the engine holds of it unsent (core/outbound.py):
-    a peer whose session window stays closed gets no more than the bounds, whatever
-    link credit it grants.  A link spends `_budget` as it sends; spent, it looks at the
-    engine's counters again, and at a bound waits on its connection's output: the next
-    flush that writes anything calls `output_moved` (from the loop)."""
-
-    __slots__ = ()
-    handler: "ConnectionHandler"
-    impl: Any
-    _session: Any
-    _budget: int
-    _waiting_output: bool
-
-    def engine_room(self) -> bool:
-        """Whether the link may hand the engine more now (it spent its budget)."""
-        if self._waiting_output:
-            return False
-        budget = outbound.budget(lib.pn_link_queued(self.impl), lib.pn_session_outgoing_bytes(self._session))
-        if budget <= 0:
-            self._waiting_output = True
-            self.handler.protocol.output_waiters.append(self)
-            return False
-        self._budget = budget
-        return True
-
-    def output_moved(self) -> None:
-        self._waiting_output = False
 
 
 class LinkConsumer(BoundedOutput):
@@ -171,7 +140,7 @@ class LinkConsumer(BoundedOutput):
         size = len(payload)
         lib.pn_link_send(impl, ffi.from_buffer(payload), size)
         lib.pn_link_advance(impl)
-        self._budget -= size + _DELIVERY_COST   # outbound.cost, inline
+        self._budget -= size + DELIVERY_COST   # core/outbound.py cost(), inline
         return dlv
 
     def deliver(self, entry: Entry) -> None:
