@@ -16,6 +16,15 @@ def broker(tmp_path_factory):
     proc.stop()
 
 
+@pytest.fixture(scope="module")
+def control_broker(tmp_path_factory):
+    """An idle broker, for a control canary beside the canary of a broker under attack:
+    the same machine load, no attack (tests/e2e/canary.py Canary.assert_like)."""
+    proc = BrokerProcess(tmp_path_factory.mktemp("control") / "data").start()
+    yield proc
+    proc.stop()
+
+
 @pytest.fixture
 def broker_factory(tmp_path):
     """Start brokers with a given TOML config / env; all stopped after the test."""

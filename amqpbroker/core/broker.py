@@ -246,21 +246,19 @@ class Broker:
     # ------------------------------------------------------------------ routing
 
     def publish(self, msg: Message, target: Resolution, creator: str | None = None, *,
-                enforce_limits: bool = True, exclude: frozenset[str] | set[str] = frozenset()) -> list[Queue]:
+                exclude: frozenset[str] | set[str] = frozenset()) -> list[Queue]:
         """Route a message to every queue the target reaches; return those queues.
         `creator`: the user a queue the target names into being is counted against.
         Raises QueueFull when a routed queue is full with overflow `reject` (then no
-        queue gets it); `enforce_limits=False` queues it whatever the limits say.
-        `exclude`: names of queues the message must not go into (core/history.py: a
-        move's copy and its source)."""
+        queue gets it).  `exclude`: names of queues the message must not go into
+        (core/history.py: a move's copy and its source)."""
         queues = self.destinations(msg, target, creator)
         if exclude:
             queues = [q for q in queues if q.name not in exclude]
         if not queues:
             self.unroutable_total += 1
             return queues
-        if enforce_limits:
-            self._admit(queues, msg.size)
+        self._admit(queues, msg.size)
         self.routed_total += 1
         fan_out = self.fan_out
         members = [q for q in queues if q.in_log] if fan_out is not None else None

@@ -235,7 +235,10 @@ class AlarmsOut(BaseModel):
     memory: MemoryAlarmOut
     disk: DiskAlarmOut
     check_interval: float
-    producers_held: int = Field(0, description="producer links given no credit now: by an alarm or a full queue (overflow block)")
+    producers_held: int = Field(0, description=(
+        "producer links given no credit now: by a memory or disk alarm, by a queue with overflow block that has "
+        "no room for them (credit is shared in proportion to room), or behind anonymous-relay transfers waiting "
+        "for room in such a queue"))
 
 
 class AlarmsIn(BaseModel):

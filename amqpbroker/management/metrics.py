@@ -151,7 +151,8 @@ def protection_figures(managed: Any) -> dict[str, tuple[str, str, float]]:
     flow = getattr(managed, "flow", None)
     if flow is not None:
         out["amqpbroker_producers_held"] = (
-            "gauge", "Producer links given no credit now: by an alarm or a full queue (overflow block)", flow.held)
+            "gauge", "Producer links given no credit now: by an alarm, by an overflow block queue without room for "
+            "them, or behind anonymous-relay transfers waiting for room", flow.held)
         out["amqpbroker_producers_held_total"] = (
             "counter", "Times a producer link was held without credit", flow.held_total)
     return out

@@ -101,6 +101,9 @@ class AmqpProtocol(asyncio.Protocol):
         self._dirty = False
         self._hs_timer: asyncio.TimerHandle | None = None
         self.hold = OutputHold()   # output waits for a store commit (hold_for_store)
+        # Sending links that wait until output moves: the engine holds as much of them
+        # unsent as it may (server/links.py BoundedOutput); the next flush that writes wakes them.
+        self.output_waiters: list[Any] = []
         self.guard: FrameGuard | None = None   # protocol checks proton does not make
         self._discard_input = False             # after a protocol violation: closing
         self._last_words = b""                  # a close frame to write after the engine's output
@@ -241,6 +244,7 @@ class AmqpProtocol(asyncio.Protocol):
         # No cycle left through this protocol: it and proton's transport (with any
         # partial deliveries it buffered) are freed as soon as nothing refers to them.
         self.handler = None
+        self.output_waiters = []
         self.transport = self.connection = self.collector = None
         self.server.flush_soon()
 
@@ -538,6 +542,8 @@ class AmqpProtocol(asyncio.Protocol):
         # call: loop until the transport has nothing more, or its output has ended.
         impl = t._impl
         pending = lib.pn_transport_pending(impl)
+        if pending > 0 and self.output_waiters:
+            self._wake_output_waiters()
         while pending > 0:
             buf = bytearray(pending)
             n = lib.pn_transport_peek(impl, ffi.from_buffer(buf), pending)
@@ -566,6 +572,13 @@ class AmqpProtocol(asyncio.Protocol):
             return
         if not self.closed:
             self._arm_timer()
+
+    def _wake_output_waiters(self) -> None:
+        """Output moves: the links waiting for it look again, at the next loop turn."""
+        waiters, self.output_waiters = self.output_waiters, []
+        call_soon = self.loop.call_soon
+        for link in waiters:
+            call_soon(link.output_moved)
 
     def _arm_timer(self) -> None:
         """Keep a timer for the transport's next deadline (idle-timeout frames and

@@ -26,6 +26,7 @@ from ..core.ordering import SettlementOrder
 from ..core.queues import Entry, Outcome, Queue
 from ..core.settlement import LinkEnding, counts_as_failed
 from ..core.subscriptions import RESOURCE_LIMIT
+from .outbound import DELIVERY_COST, BoundedOutput
 
 if TYPE_CHECKING:
     from ..core.addresses import Resolution
@@ -49,7 +50,7 @@ _REMOTE_CLOSED = lib.PN_REMOTE_CLOSED
 LATE_OUTCOME_WINDOW = 5.0
 
 
-class LinkConsumer:
+class LinkConsumer(BoundedOutput):
     """A sending link on a queue: implements core.queues.ConsumerPort."""
 
     def __init__(self, handler: "ConnectionHandler", link: Link, queue: Queue, *,
@@ -81,6 +82,8 @@ class LinkConsumer:
         self.ready = True              # False until the attach reply is sent (durable commit)
         self._open_at = -1             # protocol.input_seq when peer_ending() was last False
         self.subscription: Any = None  # set by the subscription layer
+        self._budget = 0               # what it may hand the engine before it looks again (BoundedOutput)
+        self._waiting_output = False
 
     # --- ConsumerPort
 
@@ -91,13 +94,17 @@ class LinkConsumer:
         (AmqpProtocol.hold_for_store): deliveries handed over then would only pile up
         in the engine, and each may ask for a newer batch, so the output could stay
         held for as long as the backlog lasts (settled transfers: nothing else bounds
-        them).  The queue is dispatched again when the output is released."""
+        them).  The queue is dispatched again when the output is released.  None
+        either while the engine holds as much of this link or its session unsent as
+        it may (BoundedOutput: a peer whose session window stays closed)."""
         protocol = self.handler.protocol
         if self.closed or not self.ready or protocol.write_paused or protocol.hold.held:
             return 0
         room = self.max_unsettled - len(self.unsettled)
         if room <= 0:
             return 0   # credit is a permission, not a duty (AMQP 1.0 §2.6.7): memory is bounded
+        if self._budget <= 0 and not self.engine_room():
+            return 0
         credit = link_credit(self.impl)
         if credit > 0:
             seen = self.handler.protocol.input_seq
@@ -131,8 +138,10 @@ class LinkConsumer:
         _pack_tag(self._tag_buf, 0, self._tag)
         dlv = lib.pn_delivery(impl, self._tag_t[0])
         payload = entry.payload()
-        lib.pn_link_send(impl, ffi.from_buffer(payload), len(payload))
+        size = len(payload)
+        lib.pn_link_send(impl, ffi.from_buffer(payload), size)
         lib.pn_link_advance(impl)
+        self._budget -= size + DELIVERY_COST   # core/outbound.py cost(), inline
         return dlv
 
     def deliver(self, entry: Entry) -> None:
@@ -156,6 +165,12 @@ class LinkConsumer:
         self.handler.protocol.mark_dirty()
 
     # --- proton events
+
+    def output_moved(self) -> None:
+        """The connection's output moved while the link waited on the engine: go on."""
+        self._waiting_output = False
+        if not self.closed:
+            self.queue.dispatch()
 
     def on_flow(self) -> None:
         self.queue.dispatch()

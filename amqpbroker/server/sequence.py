@@ -48,6 +48,7 @@ from ..core.sequence import (
 )
 from ..core.terms import Filter, SourceTerms, TargetTerms
 from .links import ACCEPTED, REJECTED, Producer, link_credit
+from .outbound import DELIVERY_COST, BoundedOutput
 from .refusal import AttachRefused
 from .terminus import write_source, write_target
 
@@ -163,13 +164,22 @@ def attach_range_reader(attacher: "ConsumerAttacher", link: Link, source: Source
     return reader
 
 
-class RangeReader:
-    """A sending link serving stored entries from..to of one queue, in order."""
+class RangeReader(BoundedOutput):
+    """A sending link serving stored entries from..to of one queue, in order.
+
+    It hands the engine nothing while the socket is paused, or while the connection's
+    output waits for a store commit (AmqpProtocol.hold_for_store, for a consumer on the
+    same connection): what it sent then would only pile up in the engine, up to the
+    link's credit (as for LinkConsumer.credit).  Nor while the engine holds as much of
+    it unsent as it may (BoundedOutput: a peer whose session window stays closed)."""
 
     def __init__(self, handler: "ConnectionHandler", link: Link, queue: Queue, served: SeqRange):
         self.handler = handler
         self.link = link
         self.impl = link._impl
+        self._session = lib.pn_link_session(self.impl)
+        self._budget = 0
+        self._waiting_output = False
         self.queue = queue
         self.queue_id = queue.store_id
         self.store = handler.server.store
@@ -200,9 +210,11 @@ class RangeReader:
             credit = link_credit(impl)
             if credit <= 0:
                 break
-            if proto.write_paused:
+            if proto.write_paused or proto.hold.held:
                 self._again(0.005)
                 break
+            if self._budget <= 0 and not self.engine_room():
+                break   # output_moved pumps again
             if not self.pending and not self._read_ahead(credit):
                 self.exhausted = True
                 break
@@ -243,6 +255,7 @@ class RangeReader:
         dlv = lib.pn_delivery(impl, (8, ffi.from_buffer(tag)))
         lib.pn_link_send(impl, ffi.from_buffer(payload), len(payload))
         lib.pn_link_advance(impl)
+        self._budget -= len(payload) + DELIVERY_COST
         if self.presettled:
             lib.pn_delivery_settle(dlv)
         self.sent += 1
@@ -260,6 +273,10 @@ class RangeReader:
     def _resume(self) -> None:
         self.pump()
         self.handler.server.flush_soon()
+
+    def output_moved(self) -> None:
+        self._waiting_output = False
+        self._resume()
 
     def on_delivery(self, dlv: Any) -> None:
         """The peer settled a copy: outcomes of a non-acquiring read change nothing."""

@@ -213,9 +213,3 @@ def test_fan_out_block_takes_and_refuses_credit():
     assert blocked.depth == 3 and other.depth == 3 and not blocked.may_grant() and other.may_grant()
 
 
-def test_publish_without_enforcing_limits_queues_over_them():
-    b = _broker(LimitRule("q", REJECT))
-    q = b.declare_queue("q")
-    _send(b, "q", 3)
-    b.publish(make_message("txn"), Resolution(AddressKind.QUEUE, "q"), enforce_limits=False)
-    assert q.depth == 4

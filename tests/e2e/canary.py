@@ -2,19 +2,21 @@
 child process, while a test makes the broker do something heavy or hostile.  Every
 other client shares the broker's one event loop, so the canary's round-trip times are
 what they would see.  A process, not a thread: the test's own work (a client draining
-at full speed, a scraper) must not show up as broker latency through the GIL.
+at full speed, a scraper, a fuzzer) must not show up as broker latency through the GIL.
 
-    with Canary(broker) as canary:
-        attack()
-    canary.assert_served(max_rtt=0.1)      # or canary.report.worst, .quantile(0.99)
-
-On a busy machine an absolute bound fails by chance (a 112 ms round trip against
-100 ms).  Compare instead with a control canary of another, idle broker over the
-same seconds, which meets the same machine load but not the attack:
+CI runs on a busy two-core machine, where an absolute bound fails by chance (a 112 ms
+round trip against 100 ms, on unchanged code).  So a canary is compared with a
+control canary of another, idle broker over the same seconds, which meets the same
+machine load but not the attack:
 
     with Canary(idle_broker) as control, Canary(broker) as canary:
         attack()
     canary.assert_like(control)
+
+(`control_broker`, tests/conftest.py, is such an idle broker.)  A test that must
+pass over some slow round trips (the fuzzer: what a known finding or the broker's
+garbage collector explains) compares the reports itself: `CanaryReport.unlike`.
+`assert_served` only asks that the canary was served at all.
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ import multiprocessing
 import statistics
 import time
 import uuid
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
 
-def _canary_main(url: str, address: str, ready: Any, stop: Any, out: Any) -> None:
-    """Child process: round trips until `stop` is set; sends back (start, rtt) pairs."""
+def _canary_main(url: str, address: str, pause: float, ready: Any, stop: Any, out: Any) -> None:
+    """Child process: round trips until `stop` is set, `pause` seconds apart; sends back
+    (start, rtt) pairs."""
     from proton import Message
 
     from tests.client import connect
@@ -54,6 +58,8 @@ def _canary_main(url: str, address: str, ready: Any, stop: Any, out: Any) -> Non
                 raise RuntimeError(f"canary got {msg.body!r}, expected {n}")
             samples.append((started, rtt))
             n += 1
+            if pause:
+                stop.wait(pause)
         out.send(samples)
     except BaseException as exc:  # noqa: BLE001 — reported to the parent, which fails
         out.send(f"canary failed: {type(exc).__name__}: {exc}")
@@ -83,18 +89,54 @@ class CanaryReport:
         return (f"{len(self.samples)} round trips: p50 {ms(statistics.median(self.rtts))}, "
                 f"p99 {ms(self.quantile(0.99))}, max {ms(self.worst)}")
 
+    def slow_bound(self, floor: float = 0.1) -> float:
+        """Of this report as a control: a round trip above it is slow (`floor`, or 3 x
+        the control's p99, whichever is more)."""
+        return max(floor, 3 * self.quantile(0.99))
+
+    def unlike(self, control: "CanaryReport", floor: float = 0.1, min_round_trips: int = 5,
+               excused: Container[float] = ()) -> str | None:
+        """Why this canary was slowed beyond what the machine did to `control` (a canary
+        of another, idle broker over the same seconds: same machine, same load, no
+        attack), or None.  A round trip is slow above `control.slow_bound(floor)`; this
+        canary may have twice as many slow ones as the control, plus one (scheduling
+        spikes on a busy machine hit both alike, not the same round trips), and none
+        beyond max(0.5 s, 5 x the control's worst).  A broker loop held for a
+        throttle's wait, or slowed by every byte of a flood, shows as several slow
+        round trips or one very long one here only.  `excused`: the start times of
+        round trips left out (the caller knows why they were slow)."""
+        if len(self.samples) < min_round_trips or len(control.samples) < min_round_trips:
+            return f"too few round trips (this: {len(self.samples)}, control: {len(control.samples)})"
+        slow = control.slow_bound(floor)
+        counted = [r for t, r in self.samples if t not in excused]
+        slow_here = [round(r, 3) for r in counted if r > slow]
+        allowed = 2 * sum(1 for r in control.rtts if r > slow) + 1
+        ceiling = max(0.5, 5 * control.worst)
+        detail = f"control: {control.summary()}; this: {self.summary()}"
+        if excused:
+            detail += f"; {len(self.samples) - len(counted)} excused"
+        if len(slow_here) > allowed:
+            return (f"{len(slow_here)} round trips over {slow * 1000:.0f} ms {slow_here[:20]}, {allowed} allowed "
+                    f"({detail})")
+        worst = max(counted, default=0.0)
+        if worst > ceiling:
+            return f"a round trip of {worst * 1000:.0f} ms, {ceiling * 1000:.0f} ms allowed ({detail})"
+        return None
+
 
 class Canary:
-    """`with Canary(broker_or_url) as c: ...`; then `c.report` / `c.assert_served()`."""
+    """`with Canary(broker_or_url) as c: ...`; then `c.report`, `c.assert_like(control)`.
+    `pause`: seconds between round trips (0: back to back; a long run stays light on
+    the broker with a few hundredths)."""
 
-    def __init__(self, target: Any, address: str | None = None):
+    def __init__(self, target: Any, address: str | None = None, pause: float = 0.0):
         url = target if isinstance(target, str) else target.url
         ctx = multiprocessing.get_context("spawn")
         self.address = address or f"canary-{uuid.uuid4().hex[:8]}"
         self._ready = ctx.Event()
         self._stop = ctx.Event()
         self._parent, child = ctx.Pipe(duplex=False)
-        self._proc = ctx.Process(target=_canary_main, args=(url, self.address, self._ready, self._stop, child),
+        self._proc = ctx.Process(target=_canary_main, args=(url, self.address, pause, self._ready, self._stop, child),
                                  daemon=True)
         self._child = child
         self.report: CanaryReport | None = None
@@ -125,32 +167,17 @@ class Canary:
 
     def assert_like(self, control: "Canary", min_round_trips: int = 5, floor: float = 0.1) -> None:
         """The attack did not slow this canary down beyond what the machine did to
-        `control`: a canary of another, idle broker, run over the same seconds (same
-        machine, same load, no attack).  A round trip is slow above `floor` or 3 ×
-        the control's p99, whichever is more; this canary may have twice as many slow
-        ones as the control, plus one (scheduling spikes on a busy machine hit both
-        alike, not the same round trips), and none beyond max(0.5 s, 5 × the control's
-        worst).  A broker loop held for a throttle's wait, or slowed by every byte of a
-        flood, shows as several slow round trips or one very long one here only."""
+        `control` (CanaryReport.unlike)."""
         mine, other = self.report, control.report
         assert mine is not None and other is not None, "use both canaries in `with`"
-        assert len(mine.samples) >= min_round_trips and len(other.samples) >= min_round_trips, \
-            "too few round trips"
-        slow = max(floor, 3 * other.quantile(0.99))
-        slow_here = [round(t, 3) for t in mine.rtts if t > slow]
-        allowed = 2 * sum(1 for t in other.rtts if t > slow) + 1
-        ceiling = max(0.5, 5 * other.worst)
-        detail = f"control: {other.summary()}; this: {mine.summary()}"
-        assert len(slow_here) <= allowed, \
-            f"{len(slow_here)} round trips over {slow * 1000:.0f} ms {slow_here}, {allowed} allowed ({detail})"
-        assert mine.worst <= ceiling, f"a round trip of {mine.worst * 1000:.0f} ms ({detail})"
+        problem = mine.unlike(other, floor, min_round_trips)
+        assert problem is None, problem
 
-    def assert_served(self, max_rtt: float = 0.1, min_round_trips: int = 5) -> None:
-        """Every round trip completed (the child reports failures at exit), none slower
-        than `max_rtt` seconds."""
+    def assert_served(self, min_round_trips: int = 5) -> None:
+        """Round trips were made, and every one completed (the child reports a failure,
+        such as a receive that waited 30 s, at exit).  No latency bound."""
         report = self.report
         assert report is not None and len(report.samples) >= min_round_trips, "too few round trips"
-        assert report.worst <= max_rtt, f"canary too slow: {report.summary()}"
 
 
 __all__ = ["Canary", "CanaryReport"]

@@ -1,6 +1,7 @@
 """End-to-end: a huge credit on a deep durable backlog is served in slices (one per
-loop turn), so a canary on another connection stays fast, store transactions stay
-small, and a consumer that never reads its socket costs bounded memory."""
+loop turn), so a canary on another connection is served as well as a control canary
+of an idle broker over the same seconds (tests/e2e/canary.py), store transactions
+stay small, and a consumer that never reads its socket costs bounded memory."""
 
 from __future__ import annotations
 
@@ -70,10 +71,17 @@ def big_credit_receiver(broker, queue: str) -> tuple[RawClient, object]:
     return client, link
 
 
-def test_a_credit_of_a_million_on_a_deep_durable_backlog_keeps_others_served(deep):
+# Each loop turn serves one slice of the drain besides the canary's frames, so its round
+# trips are a few slices long, and CPU work the idle control's are not: on a loaded
+# machine they reach 250-480 ms now and then (the control's 140 ms).  Slow from 500 ms
+# (or 3 x the control's p99).  Served in one go, the backlog holds the loop for seconds.
+DRAIN_FLOOR = 0.5
+
+
+def test_a_credit_of_a_million_on_a_deep_durable_backlog_keeps_others_served(deep, control_broker):
     q = uid("deep")
     fill(deep, q)
-    with Canary(deep) as canary:
+    with Canary(control_broker) as control, Canary(deep) as canary:
         client, link = big_credit_receiver(deep, q)
         started = time.monotonic()
         got = 0
@@ -92,7 +100,7 @@ def test_a_credit_of_a_million_on_a_deep_durable_backlog_keeps_others_served(dee
         client.close()
     assert got == BACKLOG, f"drained {got} of {BACKLOG}"
     assert first_at is not None and first_at < 1.0, f"first message after {first_at:.2f} s"
-    canary.assert_served(max_rtt=0.25)
+    canary.assert_like(control, floor=DRAIN_FLOOR)
     assert "MDB_TXN_FULL" not in deep.log_text() and "Traceback" not in deep.log_text()
 
 
@@ -116,11 +124,11 @@ def fill_in_memory(broker, queue: str, n: int) -> None:
     client.close()
 
 
-def test_a_consumer_that_never_reads_costs_bounded_memory(deep):
+def test_a_consumer_that_never_reads_costs_bounded_memory(deep, control_broker):
     q = uid("unread")
     fill_in_memory(deep, q, BACKLOG)
     before = rss_mb(deep.proc.pid)
-    with Canary(deep) as canary:
+    with Canary(control_broker) as control, Canary(deep) as canary:
         client, _ = big_credit_receiver(deep, q)     # then it never reads its socket again
         deadline = time.monotonic() + 5
         peak = before
@@ -129,19 +137,19 @@ def test_a_consumer_that_never_reads_costs_bounded_memory(deep):
             time.sleep(0.1)
         held = unacked(deep, q)
         client.abandon()
-    canary.assert_served(max_rtt=0.1)
+    canary.assert_like(control)
     # The link's unsettled deliveries are capped (limits.max_unsettled_per_link), so
     # the broker stopped handing messages over long before the credit ran out.
     assert held <= 10_000, f"{held} deliveries handed to a consumer that reads nothing"
     assert peak - before < 200, f"RSS grew from {before:.0f} MB to {peak:.0f} MB"
 
 
-def test_memory_of_dropped_partial_deliveries_is_given_back(deep):
+def test_memory_of_dropped_partial_deliveries_is_given_back(deep, control_broker):
     """Connections that send most of a large message and drop: the memory their
     partial deliveries took comes back once the broker is quiet (before: 8 x 95 MB
     partials left the broker at 819 MB for good)."""
     base = rss_mb(deep.proc.pid)
-    with Canary(deep) as canary:
+    with Canary(control_broker) as control, Canary(deep) as canary:
         clients = []
         for _ in range(4):
             client = RawClient("127.0.0.1", deep.port, container_id=uid("partial")).wait_open()
@@ -161,7 +169,7 @@ def test_memory_of_dropped_partial_deliveries_is_given_back(deep):
         while rss_mb(deep.proc.pid) - base > 60 and time.monotonic() < deadline:
             time.sleep(0.5)
     after = rss_mb(deep.proc.pid)
-    canary.assert_served(max_rtt=0.1)
+    canary.assert_like(control)
     assert peak - base > 200, f"the partials never reached the broker ({peak:.0f} MB at the peak)"
     assert after - base <= 60, f"RSS {base:.0f} MB before, {peak:.0f} MB at the peak, {after:.0f} MB when quiet"
 

@@ -38,15 +38,6 @@ def flood_broker(tmp_path_factory):
     proc.stop()
 
 
-@pytest.fixture(scope="module")
-def control_broker(tmp_path_factory):
-    """An idle broker whose canary runs next to the attacked one's: the same machine
-    load, no attack (tests/e2e/canary.py Canary.assert_like)."""
-    proc = BrokerProcess(tmp_path_factory.mktemp("control") / "data").start()
-    yield proc
-    proc.stop()
-
-
 def stalled_socket(broker, source: str) -> socket.socket:
     """A client that gets through SASL and the protocol header, then trickles."""
     s = socket.create_connection(("127.0.0.1", broker.port), timeout=5, source_address=(source, 0))

@@ -9,6 +9,10 @@
 * `DispositionLog`: records, in wire order, every `disposition` frame the broker
   sends (first, last, settled, outcome descriptor), so a test can check the order in
   which a session's deliveries were settled.
+* `WindowCloser`: a client whose sessions' incoming window stays closed (AMQP 1.0
+  §2.5.6) whatever link credit it grants: the incoming-window of every `begin` and
+  `flow` it sends is rewritten to 0 on its way out, until `open_window` sends one
+  session-level flow (no handle, as rhea does) that opens it.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ from typing import Any
 
 from proton import Data, Described, uint, ulong
 
-from tests.e2e.helpers_conn import RawClient
+from tests.e2e.helpers_conn import RawClient, amqp_frame
 
+BEGIN = 0x11
 ATTACH = 0x12
 FLOW = 0x13
 TRANSFER = 0x14
@@ -161,4 +166,50 @@ class DispositionLog(RawClient):
         super()._push(self.tap.feed(data, self._note))
 
 
-__all__ = ["CreditLiar", "DispositionLog", "FrameTap", "LIE"]
+class _RewritingSocket:
+    """The client's socket, with what it sends rewritten by a FrameTap hook on the way
+    out (whole frames only; the engine's output is small control frames here)."""
+
+    def __init__(self, sock: Any, hook: Any):
+        self._sock, self._tap, self._hook = sock, FrameTap(), hook
+
+    def send(self, data: bytes) -> int:
+        out = self._tap.feed(bytes(data), self._hook)
+        self._sock.setblocking(True)
+        try:
+            self._sock.sendall(out)
+        finally:
+            self._sock.setblocking(False)
+        return len(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+class WindowCloser(RawClient):
+    """A receiver whose session incoming window stays closed until `open_window`."""
+
+    def __init__(self, *args: Any, **kw: Any):
+        super().__init__(*args, **kw)
+        self.window_closed = True
+        self.sock = _RewritingSocket(self.sock, self._close_window)
+
+    def _close_window(self, channel: int, performative: Any) -> Any:
+        code = _code(performative)
+        if not self.window_closed or code not in (BEGIN, FLOW):
+            return None
+        fields = list(performative.value)
+        fields[2 if code == BEGIN else 1] = uint(0)     # begin / flow incoming-window
+        return Described(ulong(code), fields)
+
+    def open_window(self, channel: int = 0, window: int = 2**31 - 1) -> None:
+        """Open the window of the session on `channel` with a session-level flow (no
+        handle: no link event at the broker), the client's own engine untouched: it
+        has received nothing and sent no transfer, so both ids are 0."""
+        self.pump(0)                      # whatever the engine had to say goes first
+        self.window_closed = False
+        frame = amqp_frame(channel, FLOW, [uint(0), uint(window), uint(0), uint(window)])
+        self.sock.send(frame)
+
+
+__all__ = ["CreditLiar", "DispositionLog", "FrameTap", "LIE", "WindowCloser"]

@@ -10,7 +10,7 @@ known SIGSEGV until it is fixed)::
     AMQPBROKER_FUZZ_CASES=50000 AMQPBROKER_FUZZ_SEED=7 AMQPBROKER_FUZZ_STORE=1 \\
         .venv/bin/python -m pytest -q -p no:cacheprovider -s tests/fuzz/test_wire_fuzz.py
 
-`-s` prints the report: outcomes per mutator, canary max / p99, known findings.
+`-s` prints the report: outcomes per mutator, the canaries' p50 / p99 / max, known findings.
 
 Corpus (corpus.py)
     The exact bytes python-qpid-proton's client engine sends in typical
@@ -49,12 +49,13 @@ Outcomes (wire.py)
     selecting consumer and a plain one and must come back byte for byte, each
     where the selector (judged by the broker's own pure core) puts it.
 
-Throughout, a canary client does round trips (≤ 100 ms each), and the broker's log
-must stay free of tracebacks and "internal-error".  A slow round trip is pinned on
-what ran meanwhile; canary.py tells the machine's load apart (the kernel's CPU
-accounting of the broker and of the test process), and gcprobe/ (a sitecustomize
-on the broker's PYTHONPATH only) its garbage-collector pauses: both are reported,
-not failed.  Findings already reported are listed in known.py, each with an
+Throughout, a canary client does round trips (tests/e2e/canary.py), and so does a
+control canary on another, idle broker with the same settings: the canary must be
+served as well as the control over the same seconds (the machine's load hits both),
+and the broker's log must stay free of tracebacks and "internal-error".  A slow round
+trip is pinned on what ran meanwhile; gcprobe/ (a sitecustomize on the broker's
+PYTHONPATH only) tells the broker's garbage-collector pauses apart: those are
+reported, not failed.  Findings already reported are listed in known.py, each with an
 xfail(strict) reproduction in test_regressions.py: they are counted, not failed,
 until the fix flips the regression test.  Mutants of a known bug that would stop
 the whole broker are left out (known.AVOID, counted; AMQPBROKER_FUZZ_AVOID=0 sends

@@ -35,3 +35,12 @@ def fuzz_broker(tmp_path_factory):
     proc = BrokerProcess(tmp_path_factory.mktemp("fuzz-broker") / "data", env=FUZZ_ENV).start()
     yield proc
     proc.stop()
+
+
+@pytest.fixture(scope="module")
+def fuzz_control(tmp_path_factory):
+    """An idle broker with the same settings, for the control canary: the machine's load
+    without the mutants (tests/e2e/canary.py)."""
+    proc = BrokerProcess(tmp_path_factory.mktemp("fuzz-control") / "data", env=FUZZ_ENV).start()
+    yield proc
+    proc.stop()

@@ -18,8 +18,9 @@ from amqpbroker.core import codec
 from tests.e2e.helpers_conn import AMQP_HEADER, SASL_HEADER, RawClient, amqp_frame
 from tests.e2e.helpers_delivery import connection, send_bodies, uid
 
+from tests.e2e.canary import Canary
+
 from . import values
-from .canary import Canary
 from .messages import drain
 from .wire import converse
 
@@ -230,20 +231,35 @@ def test_performative_field_nested_1000_deep(broker, frames):
     assert_answered_cleanly(broker, before, case)
 
 
-def test_zero_width_array_in_an_attach_does_not_stall_the_broker(broker):
+# A stall the attack causes shows once per attack in the canary: several attacks, a
+# canary round trip apart or more, make it several slow round trips (a busy machine
+# makes one now and then, the control canary's too: tests/e2e/canary.py).
+ATTACKS = 5
+
+
+def attacked(broker, control_broker, turns: list[bytes], note: str) -> list[str]:
+    """Send the conversation ATTACKS times, each on a connection of its own, with a
+    canary on the broker and a control canary on an idle one; the outcomes.  Fails
+    when the canary was slowed beyond what the machine did to the control."""
+    outcomes = []
+    with Canary(control_broker) as control, Canary(broker) as canary:
+        for _ in range(ATTACKS):
+            time.sleep(0.2)
+            outcomes.append(converse(broker.port, turns, note).outcome)
+        time.sleep(0.5)
+    print(f"{note}: canary {canary.report.summary()}; control {control.report.summary()}")
+    canary.assert_like(control)
+    return outcomes
+
+
+def test_zero_width_array_in_an_attach_does_not_stall_the_broker(broker, control_broker):
     caps = values.Raw(b"\xf0" + struct.pack(">II", 5, 2_977_210) + b"\x44")     # ulong 0, 2,977,210 times
     attaches = b"".join(perf(0x12, [f"r{i}", uint(i), True, None, None,
                                     Described(ulong(0x28), [uid("q")] + [None] * 9 + [caps]),
                                     Described(ulong(0x29), [None])]) for i in range(5))
-    canary = Canary(broker.port, address=uid("fuzz-amplification-canary")).start_and_wait()
-    try:
-        time.sleep(0.2)
-        case = converse(broker.port, [HANDSHAKE + OPEN + BEGIN, attaches], "5 attaches, 2,977,210 ulong0")
-        time.sleep(0.5)
-    finally:
-        canary.stop()
-    assert case.outcome == "usable" or case.outcome.startswith("closed:amqp:"), case.outcome
-    assert max(canary.seconds()) <= 0.100, f"canary round trip {max(canary.seconds()) * 1000:.0f} ms"
+    outcomes = attacked(broker, control_broker, [HANDSHAKE + OPEN + BEGIN, attaches], "5 attaches, 2,977,210 ulong0")
+    for outcome in outcomes:
+        assert outcome == "usable" or outcome.startswith("closed:amqp:"), outcome
 
 
 def nested_zero_width_arrays(outer: int) -> values.Raw:
@@ -256,19 +272,14 @@ def nested_zero_width_arrays(outer: int) -> values.Raw:
     return values.Raw(b"\xf0" + struct.pack(">II", 4 + len(body), outer) + body)
 
 
-def test_nested_zero_width_arrays_do_not_stall_the_broker(broker):
+def test_nested_zero_width_arrays_do_not_stall_the_broker(broker, control_broker):
     attach = perf(0x12, ["r", uint(0), True, None, None, Described(ulong(0x28), [uid("q")]),
                          Described(ulong(0x29), [None]), None, None, None, None, None, None,
                          nested_zero_width_arrays(1200)])                  # properties
-    canary = Canary(broker.port, address=uid("fuzz-nested-arrays-canary")).start_and_wait()
-    try:
-        time.sleep(0.2)
-        case = converse(broker.port, [HANDSHAKE + OPEN + BEGIN, attach], "attach properties: 1,200 x 10,810 nulls")
-        time.sleep(0.5)
-    finally:
-        canary.stop()
-    assert case.outcome == "usable" or case.outcome.startswith("closed:amqp:"), case.outcome
-    assert max(canary.seconds()) <= 0.100, f"canary round trip {max(canary.seconds()) * 1000:.0f} ms"
+    outcomes = attacked(broker, control_broker, [HANDSHAKE + OPEN + BEGIN, attach],
+                        "attach properties: 1,200 x 10,810 nulls")
+    for outcome in outcomes:
+        assert outcome == "usable" or outcome.startswith("closed:amqp:"), outcome
 
 
 def test_subscription_attach_with_a_null_name(broker):
@@ -306,7 +317,7 @@ def test_durable_transfer_then_detach_and_end_before_the_commit(broker_factory):
 # --------------------------------------------------------------------------- selectors
 
 
-def test_a_selecting_consumer_does_not_stall_the_broker(broker):
+def test_a_selecting_consumer_does_not_stall_the_broker(broker, control_broker):
     q = uid("fuzz-selector-scan")
     client = RawClient("127.0.0.1", broker.port).wait_open()
     snd = client.sender(client.session(), q, "fill")
@@ -320,13 +331,9 @@ def test_a_selecting_consumer_does_not_stall_the_broker(broker):
             client.pump(0)
     client.wait(lambda: all(d.remote_state for d in sent), 30, "the queue filled")
     client.close()
-    canary = Canary(broker.port, address=uid("fuzz-selector-canary")).start_and_wait()
-    try:
+    with Canary(control_broker) as control, Canary(broker) as canary:
         time.sleep(0.2)
         got = drain(broker.port, q, "colour = 'red'", quiet=3.0)
         time.sleep(0.2)
-    finally:
-        canary.stop()
     assert len(got) == 1000
-    assert not canary.failures, canary.failures
-    assert max(canary.seconds()) <= 0.100, f"canary round trip {max(canary.seconds()) * 1000:.0f} ms"
+    canary.assert_like(control)

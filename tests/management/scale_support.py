@@ -2,11 +2,9 @@
 (tests/e2e/test_management_scale.py, bench/management_scale.py):
 
 * `populate(url, names)`: one message to each address through the anonymous relay, so
-  the broker auto-creates one queue per name (one connection, as fast as credit allows);
-* `Canary`: a request/response AMQP client in a child process that measures round
-  trips (send, broker's accept, delivery back, accept) until stopped.  A process, not
-  a thread: the scraping client's own work (reading a 20 MB body, parsing it) must not
-  show up as broker latency through the test process's GIL.
+  the broker auto-creates one queue per name (one connection, as fast as credit allows).
+
+The canary that measures AMQP round trips meanwhile is tests/e2e/canary.py.
 """
 
 from __future__ import annotations
