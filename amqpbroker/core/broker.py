@@ -20,6 +20,7 @@ from .limits import OVERFLOW_REASON, Admission, LimitRule, QueueLimits, limits_f
 from .message import JMS_DEST, MalformedMessage, Message
 from .queues import Entry, ExclusivityPolicy, LifetimePolicy, Queue
 from .ratelog import RateLimitedLog
+from .selectors.like import end_shared, share_budget
 
 log = logging.getLogger("amqpbroker.broker")
 
@@ -301,13 +302,22 @@ class Broker:
         if len(bindings) == 1 and bindings[0].filter is None:
             return [bindings[0].queue]
         seen: dict[int, Queue] = {}
-        for binding in bindings:
-            queue = binding.queue
-            if id(queue) in seen:
-                continue
-            if binding.filter is not None and not binding.filter(msg):
-                continue
-            seen[id(queue)] = queue
+        shared = False      # the filters' selectors share one evaluation budget (like.py)
+        try:
+            for binding in bindings:
+                queue = binding.queue
+                if id(queue) in seen:
+                    continue
+                if binding.filter is not None:
+                    if not shared:
+                        shared = True
+                        share_budget()
+                    if not binding.filter(msg):
+                        continue
+                seen[id(queue)] = queue
+        finally:
+            if shared:
+                end_shared()
         return list(seen.values())
 
     # ------------------------------------------------------------------ timers
