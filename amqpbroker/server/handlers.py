@@ -531,6 +531,8 @@ class ConnectionHandler:
             endpoint.on_flow()
         elif endpoint is not None and endpoint.__class__ is RangeReader:
             endpoint.on_flow()
+        elif isinstance(endpoint, Producer):   # the peer sends: its delivery-count (links.py)
+            endpoint.on_flow()
 
     def on_delivery_raw(self, dlv: Any) -> None:
         link = lib.pn_delivery_link(dlv)
