@@ -38,6 +38,18 @@ def deep(tmp_path_factory):
     proc.stop()
 
 
+@pytest.fixture(scope="module")
+def idle(tmp_path_factory):
+    """An idle broker whose canary runs beside the busy one's: the same machine load
+    (a 2-core machine shared with other work), none of the test's traffic.  The busy
+    canary is compared with it (Canary.assert_like), never with an absolute bound:
+    a round trip of 105-179 ms on a loaded machine failed the old 100 ms bound on the
+    unchanged broker."""
+    proc = BrokerProcess(tmp_path_factory.mktemp("big-credit-idle") / "data").start()
+    yield proc
+    proc.stop()
+
+
 def rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
         return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1)) / 1024
@@ -116,11 +128,11 @@ def fill_in_memory(broker, queue: str, n: int) -> None:
     client.close()
 
 
-def test_a_consumer_that_never_reads_costs_bounded_memory(deep):
+def test_a_consumer_that_never_reads_costs_bounded_memory(deep, idle):
     q = uid("unread")
     fill_in_memory(deep, q, BACKLOG)
     before = rss_mb(deep.proc.pid)
-    with Canary(deep) as canary:
+    with Canary(idle) as control, Canary(deep) as canary:
         client, _ = big_credit_receiver(deep, q)     # then it never reads its socket again
         deadline = time.monotonic() + 5
         peak = before
@@ -129,19 +141,19 @@ def test_a_consumer_that_never_reads_costs_bounded_memory(deep):
             time.sleep(0.1)
         held = unacked(deep, q)
         client.abandon()
-    canary.assert_served(max_rtt=0.1)
+    canary.assert_like(control)
     # The link's unsettled deliveries are capped (limits.max_unsettled_per_link), so
     # the broker stopped handing messages over long before the credit ran out.
     assert held <= 10_000, f"{held} deliveries handed to a consumer that reads nothing"
     assert peak - before < 200, f"RSS grew from {before:.0f} MB to {peak:.0f} MB"
 
 
-def test_memory_of_dropped_partial_deliveries_is_given_back(deep):
+def test_memory_of_dropped_partial_deliveries_is_given_back(deep, idle):
     """Connections that send most of a large message and drop: the memory their
     partial deliveries took comes back once the broker is quiet (before: 8 x 95 MB
     partials left the broker at 819 MB for good)."""
     base = rss_mb(deep.proc.pid)
-    with Canary(deep) as canary:
+    with Canary(idle) as control, Canary(deep) as canary:
         clients = []
         for _ in range(4):
             client = RawClient("127.0.0.1", deep.port, container_id=uid("partial")).wait_open()
@@ -161,7 +173,7 @@ def test_memory_of_dropped_partial_deliveries_is_given_back(deep):
         while rss_mb(deep.proc.pid) - base > 60 and time.monotonic() < deadline:
             time.sleep(0.5)
     after = rss_mb(deep.proc.pid)
-    canary.assert_served(max_rtt=0.1)
+    canary.assert_like(control)
     assert peak - base > 200, f"the partials never reached the broker ({peak:.0f} MB at the peak)"
     assert after - base <= 60, f"RSS {base:.0f} MB before, {peak:.0f} MB at the peak, {after:.0f} MB when quiet"
 
