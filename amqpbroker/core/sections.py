@@ -16,6 +16,7 @@ import struct
 from typing import Any, Iterable, Mapping
 
 from .codec import DecodeError, decode, encode, skip
+from .message import MAX_PROPERTY_VALUES
 
 MESSAGE_ANNOTATIONS = 0x72
 APPLICATION_PROPERTIES = 0x74
@@ -107,6 +108,8 @@ def _pairs(raw: bytes, value_start: int, end: int, gone: set) -> list[bytes]:
             count, off = struct.unpack_from(">I", raw, value_start + 5)[0], value_start + 9
         else:
             raise SectionError(f"the section is not a map (constructor 0x{c:02x})")
+        if count > MAX_PROPERTY_VALUES:   # every key is decoded: bounded as message.py's decode is
+            raise SectionError(f"a map of {count:,} values (at most {MAX_PROPERTY_VALUES:,})")
         out = []
         for _ in range(count // 2):
             key, after_key = decode(raw, off)
