@@ -28,7 +28,7 @@ AMQP_VALUE = 0x77
 FOOTER = 0x78
 
 # Values (keys, values, list and array elements together) of an application-properties
-# section the broker decodes: a JMS message has a few dozen; a million took 2.9 s of the
+# or message-annotations section the broker decodes: a JMS message has a few dozen; a million took 2.9 s of the
 # loop at the first selector that asked.  Beyond, the section is malformed to the
 # broker (no selector matches the message; its bytes go on untouched).
 MAX_PROPERTY_VALUES = 20_000
@@ -203,8 +203,10 @@ class Message:
 
     @property
     def annotations(self) -> dict:
+        """Decoded on first use; more than MAX_PROPERTY_VALUES values are malformed
+        (a message naming x-opt-delivery- has them decoded at the edge)."""
         if self._annotations is None:
-            value = self._section(MESSAGE_ANNOTATIONS) or {}
+            value = self._bounded_section(MESSAGE_ANNOTATIONS) or {}
             if not isinstance(value, dict):
                 raise MalformedMessage("message-annotations section is not a map")
             self._annotations = value

@@ -15,7 +15,7 @@ from __future__ import annotations
 import struct
 from typing import Any, Iterable, Mapping
 
-from .codec import DecodeError, decode, encode, skip
+from .codec import DecodeError, decode, decode_bounded, encode, skip
 from .message import MAX_PROPERTY_VALUES
 
 MESSAGE_ANNOTATIONS = 0x72
@@ -58,9 +58,10 @@ def read_map(raw: bytes, code: int) -> dict:
     if start is None:
         return {}
     try:
-        value, _ = decode(raw, value_start)
+        value, _ = decode_bounded(raw, value_start, MAX_PROPERTY_VALUES)
     except (DecodeError, IndexError) as exc:
-        raise SectionError(f"section 0x{code:02x} cannot be decoded: {exc}") from exc
+        raise SectionError(f"section 0x{code:02x} cannot be decoded: {exc} (at most {MAX_PROPERTY_VALUES:,} "
+                           "values)") from exc
     if value is None:
         return {}
     if not isinstance(value, dict):
