@@ -32,6 +32,28 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def word_pattern(value: str) -> str:
+    """A pattern of `.`-separated words, `*` one word and `#` any number (`[[acl]]`,
+    `[anonymous]`, `[[queue_limits]]`).  Refused: an empty one (security/acl.py reads
+    it as '#': everything) and a word that mixes `*` or `#` with other characters
+    (`telemetry*`, a glob as `[[expiry_policies]]` takes: it matches only a name
+    spelt so, and the rule silently applies to nothing)."""
+    if not value.strip():
+        raise ValueError("a pattern must not be empty ('#' is every address)")
+    for word in value.split("."):
+        if word not in ("*", "#") and ("*" in word or "#" in word):
+            raise ValueError(f"'{value}': `*` and `#` stand for whole words between dots "
+                             f"(did you mean '{word.replace('*', '').replace('#', '') or word}.*' or "
+                             f"'{word.replace('*', '').replace('#', '') or word}.#'?)")
+    return value
+
+
+def not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty")
+    return value
+
+
 class ClientIdPolicy(str, enum.Enum):
     """WebLogic's client-id policy: `restricted` allows one connection per container-id
     when the client asks for sole-connection-for-container (Qpid JMS turns the refusal
@@ -143,6 +165,13 @@ class PolicyConfig(StrictModel):
     max_delivery_attempts: int = Field(10, ge=0)             # 0: unlimited
     dead_letter_address: str | None = "DLQ"                  # "": no dead-lettering (dropped)
     max_consumers_per_subscription: int = Field(0, ge=0)     # 0: unlimited
+
+    @field_validator("dead_letter_address")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        if value and not value.strip():
+            raise ValueError('an address of spaces only; "" turns dead-lettering off')
+        return value
     # Queues one user's addresses may create (auto_create_queues), anonymous counted
     # as one user; beyond, the attach or message gets resource-limit-exceeded. 0: unlimited
     max_queues_per_user: int = Field(0, ge=0)
@@ -278,6 +307,8 @@ class ExchangeDecl(StrictModel):
     type: Literal["direct", "topic", "fanout"] = "topic"
     durable: bool = True
 
+    _name = field_validator("name")(lambda cls, v: not_blank(v))
+
 
 _OVERFLOW = Literal["block", "reject", "drop-head"]
 
@@ -307,12 +338,18 @@ class QueueLimitDecl(_LimitFields):
     model_config = ConfigDict(extra="forbid")
     pattern: str
 
+    _pattern = field_validator("pattern")(lambda cls, v: word_pattern(v))
+
 
 class QueueDecl(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str
     durable: bool = True
-    max_delivery_attempts: int | None = None
+    # None: the policy's; 0: unlimited; never negative (ActiveMQ Artemis's -1, "unlimited", dead-lettered
+    # at the first failure here).
+    max_delivery_attempts: int | None = Field(None, ge=0)
+
+    _name = field_validator("name")(lambda cls, v: not_blank(v))
     # Limits declared with the queue (override any [[queue_limits]] pattern); None: the pattern's.
     max_depth: int | None = Field(None, ge=0)
     max_bytes: int | None = Field(None, ge=0)
@@ -336,6 +373,8 @@ class BindingDecl(StrictModel):
     exchange: str
     queue: str
     key: str = ""
+
+    _names = field_validator("exchange", "queue")(lambda cls, v: not_blank(v))
 
 
 class ManagementConfig(StrictModel):
@@ -392,6 +431,8 @@ class AclRuleDecl(StrictModel):
     pattern: str = "#"
     permissions: list[_PERMISSION]
 
+    _pattern = field_validator("pattern")(lambda cls, v: word_pattern(v))
+
     @model_validator(mode="after")
     def _one_principal(self) -> "AclRuleDecl":
         if (self.user is None) == (self.group is None):
@@ -402,6 +443,8 @@ class AclRuleDecl(StrictModel):
 class AnonymousDecl(StrictModel):
     permissions: list[_PERMISSION] = []
     pattern: str = "#"
+
+    _pattern = field_validator("pattern")(lambda cls, v: word_pattern(v))
 
 
 class DuplicateDetectionDecl(StrictModel):

@@ -201,3 +201,53 @@ def test_config_check_runs_the_start_checks_beyond_the_models(tmp_path):
     cfg.write_text('[users.eve]\npassword = "scram-sha-256$not-a-hash"\n')
     done = run_cli("config", "check", str(cfg))
     assert done.returncode == 2 and "invalid setting 'users'" in done.stderr
+
+
+@pytest.mark.parametrize("text,key", [
+    # An empty pattern granted everything: security/acl.py reads "" as '#'.
+    ('[[acl]]\nuser = "bob"\npattern = ""\npermissions = ["consume"]', "acl.0.pattern"),
+    ('[anonymous]\npattern = ""\npermissions = ["consume"]', "anonymous.pattern"),
+    ('[[queue_limits]]\npattern = ""\nmax_depth = 5', "queue_limits.0.pattern"),
+    ('[[queues]]\nname = ""', "queues.0.name"),
+    ('[[exchanges]]\nname = " "', "exchanges.0.name"),
+    ('[[bindings]]\nexchange = "amq.topic"\nqueue = ""', "bindings.0.queue"),
+    ('[policy]\ndead_letter_address = "  "', "policy.dead_letter_address"),
+    # ActiveMQ Artemis writes -1 for "unlimited"; here it dead-lettered at the first failure.
+    ('[[queues]]\nname = "q"\nmax_delivery_attempts = -1', "queues.0.max_delivery_attempts"),
+])
+def test_values_that_do_not_mean_what_they_look_like_are_refused(tmp_path, text, key):
+    cfg = tmp_path / "broker.toml"
+    cfg.write_text(text + "\n")
+    with pytest.raises(ConfigError) as refused:
+        load_settings(cfg)
+    assert any(p.startswith(f"invalid setting '{key}'") for p in refused.value.problems), refused.value.problems
+
+
+@pytest.mark.parametrize("section,text", [
+    ("queue_limits", '[[queue_limits]]\npattern = "telemetry*"\nmax_depth = 5'),
+    ("queue_limits", '[[queue_limits]]\npattern = "telemetry/#"\nmax_depth = 5'),
+    ("acl", '[[acl]]\nuser = "bob"\npattern = "orders.eu*"\npermissions = ["consume"]'),
+    ("anonymous", '[anonymous]\npattern = "public.#x"\npermissions = ["consume"]'),
+])
+def test_a_word_pattern_written_as_a_glob_is_refused(tmp_path, section, text):
+    """`[[queue_limits]]`, `[[acl]]` and `[anonymous]` patterns are words separated by
+    `.` (`*` one word, `#` any number), while `[[expiry_policies]]` and
+    `[[duplicate_detection]]` take globs.  `telemetry*` there matched only a queue
+    named so: the limit applied to nothing, silently."""
+    cfg = tmp_path / "broker.toml"
+    cfg.write_text(text + "\n")
+    with pytest.raises(ConfigError) as refused:
+        load_settings(cfg)
+    line = " ".join(refused.value.problems)
+    assert section in line and "whole words" in line, line
+
+
+def test_word_patterns_users_write_are_taken(tmp_path):
+    cfg = tmp_path / "broker.toml"
+    cfg.write_text('[[queue_limits]]\npattern = "telemetry.#"\nmax_depth = 5\n'
+                   '[[queue_limits]]\npattern = "*.dlq"\nmax_depth = 5\n'
+                   '[[queue_limits]]\npattern = "#"\nmax_depth = 5\n'
+                   '[[queue_limits]]\npattern = "orders-eu_v2.in"\nmax_depth = 5\n'
+                   '[[acl]]\nuser = "bob"\npattern = "amq.topic/orders.#"\npermissions = ["consume"]\n')
+    settings = load_settings(cfg)
+    assert [r.pattern for r in settings.queue_limits] == ["telemetry.#", "*.dlq", "#", "orders-eu_v2.in"]

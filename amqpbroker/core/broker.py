@@ -21,6 +21,7 @@ from .limits import OVERFLOW_REASON, Admission, LimitRule, QueueLimits, limits_f
 from .message import JMS_DEST, MalformedMessage, Message
 from .queues import Entry, ExclusivityPolicy, LifetimePolicy, Queue
 from .ratelog import RateLimitedLog
+from .selectors.like import end_shared, share_budget
 
 log = logging.getLogger("amqpbroker.broker")
 
@@ -335,13 +336,22 @@ class Broker:
         if hit is not None and hit[0] is bindings:
             return list(hit[1])   # a fan-out without filters: its queues, once per routing result
         seen: dict[int, Queue] = {}
-        for binding in bindings:
-            queue = binding.queue
-            if id(queue) in seen:
-                continue
-            if binding.filter is not None and not binding.filter(msg):
-                continue
-            seen[id(queue)] = queue
+        shared = False      # the filters' selectors share one evaluation budget (like.py)
+        try:
+            for binding in bindings:
+                queue = binding.queue
+                if id(queue) in seen:
+                    continue
+                if binding.filter is not None:
+                    if not shared:
+                        shared = True
+                        share_budget()
+                    if not binding.filter(msg):
+                        continue
+                seen[id(queue)] = queue
+        finally:
+            if shared:
+                end_shared()
         queues = list(seen.values())
         if len(bindings) > 8 and all(b.filter is None for b in bindings):
             if len(self._unfiltered) >= 64:

@@ -14,8 +14,15 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .entries import ConsumerPort, Entry
+from .selectors.like import spent
 
 SCAN_CHUNK = 256   # ready entries looked at in one go (by scans and browsers)
+# Selector evaluation counts against a dispatch's scan budget as well: every
+# SCAN_STEPS steps spent (core/selectors/like.py) use up one entry of it, so the
+# scan budget (4,096 entries) stands for 4 Mi steps too (like.py TURN_BUDGET).
+# Each within its own budget, 40 evaluations of a costly selector against 1 MiB
+# properties held the loop 7.8 s in one scan.
+SCAN_STEPS = 1024
 
 
 class QueueBrowsers:
@@ -59,8 +66,18 @@ class QueueBrowsers:
                 consumer.browse_cursor = entry.seq
                 if entry.msg is None and not self._load(entry):
                     continue
-                if consumer.filtered and not consumer.accepts(entry):
-                    continue
+                if consumer.filtered:
+                    before = spent()
+                    accepted = consumer.accepts(entry)
+                    self._charge_scan(before)
+                    if not accepted:
+                        continue
                 consumer.deliver_copy(entry)
                 credit -= 1
                 self._slice -= 1
+
+    def _charge_scan(self, before: int) -> None:
+        """The selector steps spent since `before` use up the scan budget (SCAN_STEPS
+        each); without a budget (-1: no loop to defer to) nothing changes."""
+        if self._scan > 0:
+            self._scan = max(0, self._scan - (spent() - before) // SCAN_STEPS)

@@ -193,10 +193,36 @@ def _nested(read: Callable[[bytes, int], tuple[Any, int]]) -> Callable[[bytes, i
     return nested
 
 
+# Values a bounded decode (`decode_bounded`) may still produce; None: no bound.
+_values_left: int | None = None
+
+
+def decode_bounded(buf: bytes, off: int, max_values: int) -> tuple[Any, int]:
+    """`decode`, refusing (DecodeError) a value whose lists, maps and arrays hold
+    more than `max_values` elements in all: decoding costs about a microsecond a
+    value, and a section the broker decodes on its loop must not cost seconds."""
+    global _values_left
+    _values_left = max_values
+    try:
+        return decode(buf, off)
+    finally:
+        _values_left = None
+
+
+def _spend(count: int, off: int) -> None:
+    global _values_left
+    if _values_left is not None:
+        _values_left -= count
+        if _values_left < 0:
+            raise DecodeError(f"more values than a bounded decode takes at offset {off}")
+
+
 def _compound(wide: bool, as_map: bool):
     @_nested
     def read(buf: bytes, off: int) -> tuple[Any, int]:
         count, off, end = _sized_head(buf, off, wide)
+        if _values_left is not None:
+            _spend(count, off)
         if count > end - off:   # every element takes a byte at least
             raise DecodeError(f"{count} elements cannot fit in {end - off} bytes at offset {off}")
         items = []
@@ -224,6 +250,8 @@ def _array(wide: bool):
     @_nested
     def read(buf: bytes, off: int) -> tuple[Any, int]:
         count, off, end = _sized_head(buf, off, wide)
+        if _values_left is not None:
+            _spend(count, off)
         descriptor = None
         if buf[off] == 0x00:
             descriptor, off = decode(buf, off + 1)

@@ -45,17 +45,22 @@ def topic_matches(pattern: str, key: str) -> bool:
 
 
 def _match(pattern: tuple[str, ...], words: tuple[str, ...]) -> bool:
-    if not pattern:
-        return not words
-    head, rest = pattern[0], pattern[1:]
-    if head == "#":
-        # '#' swallows 0..n words; try the shortest first.
-        return any(_match(rest, words[i:]) for i in range(len(words) + 1))
-    if not words:
-        return False
-    if head == "*" or head == words[0]:
-        return _match(rest, words[1:])
-    return False
+    """The places in `words` each prefix of the pattern can end at, one pattern word
+    at a time: time len(pattern) x len(words).  (Trying every way to share the words
+    among several '#' was exponential: a client's binding key `#.#.#.#.#.#.#.#.#.#.z`
+    against a 20-word subject held the loop 35 s.)"""
+    n = len(words)
+    ends = [0]                       # ascending: where the pattern so far may end
+    for head in pattern:
+        if head == "#":              # zero or more words: from the first place on
+            ends = list(range(ends[0], n + 1))
+        elif head == "*":
+            ends = [i + 1 for i in ends if i < n]
+        else:
+            ends = [i + 1 for i in ends if i < n and words[i] == head]
+        if not ends:
+            return False
+    return ends[-1] == n
 
 
 def binding_matches(kind: ExchangeType, binding_key: str, routing_key: str) -> bool:

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from proton import symbol, ubyte, uint
 
-from .codec import DecodeError, decode, encode, skip
+from .codec import DecodeError, decode, decode_bounded, encode, skip
 
 # Section descriptor codes, AMQP 1.0 §3.2.
 HEADER = 0x70
@@ -26,6 +26,12 @@ DATA = 0x75
 AMQP_SEQUENCE = 0x76
 AMQP_VALUE = 0x77
 FOOTER = 0x78
+
+# Values (keys, values, list and array elements together) of an application-properties
+# or message-annotations section the broker decodes: a JMS message has a few dozen; a million took 2.9 s of the
+# loop at the first selector that asked.  Beyond, the section is malformed to the
+# broker (no selector matches the message; its bytes go on untouched).
+MAX_PROPERTY_VALUES = 20_000
 
 _SECTION_SYMBOLS = {
     "amqp:header:list": HEADER,
@@ -123,6 +129,16 @@ class Message:
         except DecodeError as exc:
             raise MalformedMessage(f"bad section 0x{code:02x}: {exc}") from exc
 
+    def _bounded_section(self, code: int) -> Any:
+        span = self._spans.get(code)
+        if span is None:
+            return None
+        try:
+            return decode_bounded(self.raw, span[0], MAX_PROPERTY_VALUES)[0]
+        except DecodeError as exc:
+            raise MalformedMessage(f"bad section 0x{code:02x}: {exc} (at most {MAX_PROPERTY_VALUES:,} "
+                                   "values)") from exc
+
     @property
     def properties(self) -> list:
         if self._props is None:
@@ -169,11 +185,12 @@ class Message:
     @property
     def application_properties(self) -> dict:
         """Decoded on first use (selectors).  A section that does not decode raises
-        MalformedMessage every time, without decoding again."""
+        MalformedMessage every time, without decoding again; so does one of more than
+        MAX_PROPERTY_VALUES values (its decoding would hold the loop)."""
         app = self._app
         if app is None:
             try:
-                value = self._section(APPLICATION_PROPERTIES) or {}
+                value = self._bounded_section(APPLICATION_PROPERTIES) or {}
                 if not isinstance(value, dict):
                     raise MalformedMessage("application-properties section is not a map")
             except MalformedMessage as exc:
@@ -186,8 +203,10 @@ class Message:
 
     @property
     def annotations(self) -> dict:
+        """Decoded on first use; more than MAX_PROPERTY_VALUES values are malformed
+        (a message naming x-opt-delivery- has them decoded at the edge)."""
         if self._annotations is None:
-            value = self._section(MESSAGE_ANNOTATIONS) or {}
+            value = self._bounded_section(MESSAGE_ANNOTATIONS) or {}
             if not isinstance(value, dict):
                 raise MalformedMessage("message-annotations section is not a map")
             self._annotations = value

@@ -36,10 +36,10 @@ from .addresses import AddressKind, AddressNotFound, Resolution
 from .deadletters import AnnotationError, history_of, mark_moved, origin
 from .message import APPLICATION_PROPERTIES, MalformedMessage, Message, selector_lookup
 from .queues import Queue
-from .selectors import SelectorBudgetExceeded
+from .selectors import TURN_BUDGET, SelectorBudgetExceeded, spent
 
 SLICE = 256                # messages examined per step (one loop turn)
-SLICE_BYTES = 4 << 20      # … or this many bytes moved
+SLICE_BYTES = 4 << 20      # … or this many bytes moved, or TURN_BUDGET selector steps spent
 
 
 class MoveRefused(ValueError):
@@ -115,6 +115,7 @@ class Move:
             self.done = True
             return True
         room = SLICE_BYTES
+        started = spent()       # selector steps: at most TURN_BUDGET a slice (and one evaluation)
         batch = self.queue.waiting_after(self.cursor, SLICE)
         if not batch or batch[0][0].seq > self.until:
             self.done = True
@@ -124,7 +125,7 @@ class Move:
                 break
             self.cursor = entry.seq
             room -= self._one(entry, state)
-            if self.done or room <= 0:
+            if self.done or room <= 0 or spent() - started > TURN_BUDGET:
                 break
         return self.done
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .browsers import SCAN_CHUNK
+from .selectors.like import spent
 from .entries import PRIORITY_LEVELS, ConsumerPort, Entry
 
 
@@ -33,6 +34,7 @@ class EntryPicking:
     _expire: Callable[[Entry], None]
     _load: Callable[[Entry], bool]
     _hand_over: Callable[[Entry, ConsumerPort], None]
+    _charge_scan: Callable[[int], None]     # QueueBrowsers': selector steps use up the scan budget
 
     def _run_to(self, consumer: ConsumerPort) -> bool:
         """Ready entries to the queue's only consumer, in order, while its credit and
@@ -92,7 +94,10 @@ class EntryPicking:
                         return None
                     self._scan -= 1
                     marks[p] = entry.seq + 1
-                    if self._may_take(entry, consumer, now):
+                    before = spent()
+                    taken = self._may_take(entry, consumer, now)
+                    self._charge_scan(before)
+                    if taken:
                         ready.remove(entry)
                         return entry
                 if len(chunk) < SCAN_CHUNK:

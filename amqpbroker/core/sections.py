@@ -15,7 +15,8 @@ from __future__ import annotations
 import struct
 from typing import Any, Iterable, Mapping
 
-from .codec import DecodeError, decode, encode, skip
+from .codec import DecodeError, decode, decode_bounded, encode, skip
+from .message import MAX_PROPERTY_VALUES
 
 MESSAGE_ANNOTATIONS = 0x72
 APPLICATION_PROPERTIES = 0x74
@@ -57,9 +58,10 @@ def read_map(raw: bytes, code: int) -> dict:
     if start is None:
         return {}
     try:
-        value, _ = decode(raw, value_start)
+        value, _ = decode_bounded(raw, value_start, MAX_PROPERTY_VALUES)
     except (DecodeError, IndexError) as exc:
-        raise SectionError(f"section 0x{code:02x} cannot be decoded: {exc}") from exc
+        raise SectionError(f"section 0x{code:02x} cannot be decoded: {exc} (at most {MAX_PROPERTY_VALUES:,} "
+                           "values)") from exc
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -107,6 +109,8 @@ def _pairs(raw: bytes, value_start: int, end: int, gone: set) -> list[bytes]:
             count, off = struct.unpack_from(">I", raw, value_start + 5)[0], value_start + 9
         else:
             raise SectionError(f"the section is not a map (constructor 0x{c:02x})")
+        if count > MAX_PROPERTY_VALUES:   # every key is decoded: bounded as message.py's decode is
+            raise SectionError(f"a map of {count:,} values (at most {MAX_PROPERTY_VALUES:,})")
         out = []
         for _ in range(count // 2):
             key, after_key = decode(raw, off)

@@ -81,22 +81,24 @@ class TransactionRegistry:
         self._open[txn_id] = txn
         return txn
 
-    def get(self, txn_id: object) -> Transaction:
+    def get(self, txn_id: object, owner: Any = None) -> Transaction:
         """The open transaction a peer named.  A txn-id is binary (AMQP 1.0 §4.5.4);
         anything else, or an id longer than any this broker hands out, names none:
         it is neither converted (bytes(n) of an integer n allocates n bytes) nor
-        echoed whole."""
+        echoed whole.  Given an `owner` (the peer's connection), an id another
+        connection declared names none either: ids are a prefix and a counter, so a
+        client that declares one knows everyone else's."""
         if not isinstance(txn_id, (bytes, bytearray, memoryview)):
             raise TransactionError(INVALID_FIELD, f"txn-id must be binary, not {type(txn_id).__name__}")
         txn_id = bytes(txn_id[:MAX_TXN_ID + 1])
         txn = self._open.get(txn_id) if len(txn_id) <= MAX_TXN_ID else None
-        if txn is None:
+        if txn is None or (owner is not None and txn.owner is not owner):
             raise TransactionError(UNKNOWN_ID, f"unknown transaction id {txn_id[:MAX_TXN_ID].hex()}")
         return txn
 
-    def take(self, txn_id: object) -> Transaction:
+    def take(self, txn_id: object, owner: Any = None) -> Transaction:
         """Remove a transaction for discharge."""
-        txn = self.get(txn_id)
+        txn = self.get(txn_id, owner)
         del self._open[txn.txn_id]
         return txn
 

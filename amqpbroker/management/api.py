@@ -398,7 +398,7 @@ def build_app(ops: "Operations") -> FastAPI:
              summary="Change the alarm thresholds at run time (as rabbitmqctl set_vm_memory_high_watermark / "
                      "set_disk_free_limit); not kept over a restart")
     async def put_alarms(body: AlarmsIn, principal: Principal = auth) -> dict:
-        principal.require("#")
+        principal.require_all()
         return admin.set_alarms(body.model_dump(exclude_unset=True), principal.user or "(loopback)")
 
     @app.get("/metrics", tags=["broker"], response_class=Response,
@@ -560,7 +560,7 @@ def build_app(ops: "Operations") -> FastAPI:
     @app.delete("/api/connections/{conn_id}", response_model=ConnectionOut, tags=["connections"],
                 summary="Close a connection with amqp:connection:forced")
     async def close_connection(conn_id: int, principal: Principal = auth) -> dict:
-        principal.require("#")
+        principal.require_all()
         return admin.close_connection(conn_id)
 
     return app

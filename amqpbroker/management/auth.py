@@ -68,10 +68,17 @@ class Principal:
         guard = self.ops.managed.access
         return not guard.enabled or guard.policy.allows(self.user, self.groups, MANAGE, name)
 
+    def require_all(self) -> None:
+        """`manage` on every address (a grant on '#'): broker-wide actions."""
+        if not self.sees_all:
+            raise AdminError(f"user '{self.user}' may not manage '#' (every address)", 403)
+
     @property
     def sees_all(self) -> bool:
-        """`manage` on every name (`#`): listings are not filtered."""
-        return self.may("#")
+        """`manage` on every name (a grant on `#`): listings are not filtered.  Not
+        `may("#")`: a grant on `*` matches the one-word text '#' too."""
+        guard = self.ops.managed.access
+        return not guard.enabled or guard.policy.allows_everywhere(self.user, self.groups, MANAGE)
 
     def sees(self, name: str) -> bool:
         """Whether a listing shows the entity `name`: the addresses its `manage`

@@ -173,11 +173,11 @@ def add_message_routes(app: FastAPI, ops: "Operations", auth: Any) -> None:
             allow_open: bool = Query(False, description="take a file that turns access control off, removes "
                                                         "every user or gives anonymous more"),
             principal: Principal = auth) -> dict:
-        principal.require("#")
+        principal.require_all()
         return await ops.reload(principal.user or "(loopback)", allow_open)
 
     @app.post("/api/backup", response_model=BackupOut, tags=["broker"],
               summary="Hot backup: a consistent compacted copy of the running broker's store, checked")
     async def backup(body: BackupIn, principal: Principal = auth) -> dict:
-        principal.require("#")
+        principal.require_all()
         return await ops.messages.backup(body.dest, principal.user or "(loopback)")

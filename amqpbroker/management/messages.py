@@ -28,13 +28,13 @@ from typing import Any
 from ..core.browsing import message_view
 from ..core.message import Message
 from ..core.moves import Move, MoveRefused, compile_filter, selects
-from ..core.selectors import SelectorBudgetExceeded
+from ..core.selectors import TURN_BUDGET, SelectorBudgetExceeded, spent
 from .admin import Admin, AdminError, Conflict, NotFound
 from .jobs import Job, Jobs
 
 log = logging.getLogger("amqpbroker.admin")
 
-BROWSE_SLICE = 256           # entries examined per loop turn while browsing
+BROWSE_SLICE = 256           # entries examined per loop turn while browsing (or TURN_BUDGET selector steps)
 MAX_BROWSE = 1000            # messages per page at most
 BACKUP_TIMEOUT = 3600.0      # seconds the copy and its check may take
 
@@ -67,7 +67,10 @@ class MessageOps:
             chunk = q.waiting_after(cursor, BROWSE_SLICE, scheduled=True)
             if not chunk:
                 break
+            started = spent()       # selector steps: at most TURN_BUDGET a slice (and one evaluation)
             for entry, state in chunk:
+                if spent() - started > TURN_BUDGET:
+                    break           # the rest of the chunk at the next turn, from `cursor`
                 cursor = entry.seq
                 msg = q.peek_body(entry)
                 if msg is None:

@@ -74,6 +74,12 @@ def pattern_matches(pattern: str, address: str) -> bool:
     return topic_matches(pattern, address)
 
 
+def covers_everything(pattern: str) -> bool:
+    """Whether a pattern matches every address (`#`, `#.#` …).  Not the same as
+    matching the text '#': `*` (one word) does that, and covers one-word names only."""
+    return all(word == "#" for word in pattern.split("."))
+
+
 @dataclass(frozen=True)
 class Rule:
     pattern: str
@@ -182,6 +188,11 @@ class AclPolicy:
             out.append(self.anonymous_pattern)
         return tuple(dict.fromkeys(out))
 
+    def allows_everywhere(self, user: str | None, groups: Iterable[str], action: str) -> bool:
+        """`action` on every address: what broker-wide actions and unfiltered
+        listings need (a grant whose pattern covers everything, or no access control)."""
+        return any(covers_everything(p) for p in self.patterns(user, groups, action))
+
     def can_manage_any(self, user: str | None, groups: Iterable[str]) -> bool:
         """`manage` on some pattern: enough to use the management API's listings."""
         if not self.enabled:
@@ -195,4 +206,4 @@ class AclPolicy:
 
 
 __all__ = ["AclDecision", "AclPolicy", "Rule", "PERMISSIONS", "SEND", "CONSUME", "BROWSE", "MANAGE",
-           "ANONYMOUS_USER", "expand_permissions", "pattern_matches"]
+           "ANONYMOUS_USER", "covers_everything", "expand_permissions", "pattern_matches"]

@@ -166,6 +166,32 @@ def opens_access(old: "Settings", new: "Settings", old_policy: AclPolicy, new_po
     if old_policy.enabled and new_policy.enabled and _anonymous_wider(old_policy, new_policy):
         out.append("it gives the anonymous identity more than it has "
                    f"({_grant(old_policy)} now, {_grant(new_policy)} then)")
+    if old_policy.enabled and new_policy.enabled:
+        out.extend(_everywhere_wider(old_policy, new_policy))
+    return out
+
+
+def _everywhere(policy: AclPolicy) -> dict[str, frozenset[str]]:
+    """Who has which permissions on every address (a rule with pattern '#')."""
+    out: dict[str, frozenset[str]] = {}
+    for rule in policy.rules:
+        if rule.pattern == "#":
+            who = f"user '{rule.user}'" if rule.user is not None else f"group '{rule.group}'"
+            out[who] = out.get(who, frozenset()) | rule.permissions
+    return out
+
+
+def _everywhere_wider(old: AclPolicy, new: AclPolicy) -> list[str]:
+    """A rule cut before its `pattern` line (a half-written file) grants on '#', the
+    default: a user or group given permissions on every address it did not have is
+    an opening, as more for the anonymous identity is."""
+    before = _everywhere(old)
+    out = []
+    for who, perms in sorted(_everywhere(new).items()):
+        gained = perms - before.get(who, frozenset())
+        if gained:
+            out.append(f"it gives {who} {', '.join(sorted(gained))} on every address (pattern '#', the "
+                       "default when a rule has none)")
     return out
 
 

@@ -6,7 +6,8 @@ each wrong password makes the next attempts wait a little longer: the first few
 failures are free (typos), then the delay doubles per failure up to a ceiling.  Two
 records count failures:
 
-* **per source address**, each failure remembered with the user name it tried.  A
+* **per source address** (an IPv6 address by its /64 network, `network_of`), each
+  failure remembered with the user name it tried.  A
   success from the address forgives only the failures *for the name that succeeded*
   (a typo, then the right password): a client that logs in as itself between
   guesses at other names keeps the record of those guesses (one good login used to
@@ -28,11 +29,32 @@ refused at once, unchecked.
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Callable
 
 MAX_NAMES_PER_ADDRESS = 64     # names remembered per address (more: their failures are never forgiven)
+IPV6_NETWORK = 64              # IPv6 addresses are counted by network: this prefix length
+
+
+@lru_cache(maxsize=4096)
+def network_of(address: str) -> str:
+    """What the per-address record counts by: an IPv4 address itself (an IPv4-mapped
+    IPv6 one as IPv4), an IPv6 address by its /64.  Whoever has an IPv6 network has
+    2^64 addresses of it (a /64 is what one host or one home is given): counted one
+    by one, each had its own free failures and the slowing never came.  Anything
+    that is not an address is its own key."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return address
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    if ip.version == 6:
+        return str(ipaddress.ip_network(f"{ip}/{IPV6_NETWORK}", strict=False))
+    return address
 
 
 @dataclass
@@ -109,7 +131,7 @@ class AuthThrottle:
         return min(self.max_delay, self.base_delay * (2 ** min(over - 1, 30)))
 
     def address_delay(self, address: str) -> float:
-        return self._delay_for(self._addresses.over(address, self.clock()))
+        return self._delay_for(self._addresses.over(network_of(address), self.clock()))
 
     def user_delay(self, user: str | None) -> float:
         return 0.0 if not user else self._delay_for(self._users.over(user, self.clock()))
@@ -125,7 +147,7 @@ class AuthThrottle:
     def address_turn(self, address: str) -> float | None:
         """An attempt from `address` takes its turn: seconds to wait (0: at once), or
         None when too many from it are waiting already (refuse it unchecked)."""
-        return self._turn("address " + address, self.address_delay(address))
+        return self._turn("address " + network_of(address), self.address_delay(address))
 
     def user_turn(self, user: str | None) -> float | None:
         """The same for an attempt at `user` (its answer waits: SASL)."""
@@ -144,7 +166,7 @@ class AuthThrottle:
         the address's failure count."""
         self.failures_total += 1
         now = self.clock()
-        record = self._addresses.add(address, now)
+        record = self._addresses.add(network_of(address), now)
         if user:
             if user in record.names or len(record.names) < MAX_NAMES_PER_ADDRESS:
                 record.names[user] = record.names.get(user, 0) + 1
@@ -157,15 +179,16 @@ class AuthThrottle:
         if not user:
             return
         self._users.records.pop(user, None)
-        record = self._addresses.records.get(address)
+        key = network_of(address)
+        record = self._addresses.records.get(key)
         if record is None:
             return
         record.failures -= record.names.pop(user, 0)
         if record.failures <= 0:
-            del self._addresses.records[address]
+            del self._addresses.records[key]
 
     def failures(self, address: str) -> int:
-        record = self._addresses.live(address, self.clock())
+        record = self._addresses.live(network_of(address), self.clock())
         return 0 if record is None else record.failures
 
     def user_failures(self, user: str) -> int:
@@ -224,4 +247,4 @@ def auth_throttle(settings: Any) -> AuthThrottle:
                         base_delay=lim.auth_base_delay, max_delay=lim.auth_max_delay)
 
 
-__all__ = ["AuthThrottle", "Turns", "auth_throttle", "source_address"]
+__all__ = ["AuthThrottle", "Turns", "auth_throttle", "network_of", "source_address"]

@@ -79,7 +79,7 @@ class Coordinator(Producer):
         if cluster is not None and cluster.discharge(self, dlv, txn_id, fail):
             return   # its work went to another node (amqpbroker/cluster/txn.py): discharged there
         try:
-            txn = self.txns.take(txn_id if txn_id is not None else b"")
+            txn = self.txns.take(txn_id if txn_id is not None else b"", self.handler)
         except TransactionError as exc:
             self.settle_in_order(dlv, REJECTED, Condition(exc.condition, exc.description))
             return
@@ -119,7 +119,7 @@ def stage_send(handler: "ConnectionHandler", producer: Producer, dlv: Any, msg: 
     """A transfer inside a transaction: staged, answered transactional-state{txn, accepted}."""
     txn_id = transactional_txn_id(dlv)
     try:
-        txn = handler.server.transactions.get(txn_id)
+        txn = handler.server.transactions.get(txn_id, handler)
     except TransactionError as exc:
         producer.settle_in_order(dlv, REJECTED, Condition(exc.condition, exc.description))
         return
@@ -136,7 +136,7 @@ def stage_ack(handler: "ConnectionHandler", consumer: "LinkConsumer", dlv: Deliv
     txn_id = data[0] if data else b""
     outcome_value = data[1] if len(data) > 1 else None
     try:
-        txn = handler.server.transactions.get(txn_id)
+        txn = handler.server.transactions.get(txn_id, handler)
     except TransactionError as exc:
         log.warning("connection %s: %s; acknowledgement applied outside a transaction",
                     handler.protocol.peer, exc.description)

@@ -569,7 +569,9 @@ class ConnectionHandler:
             endpoint.on_flow()
         elif endpoint is not None and endpoint.__class__ is RangeReader:
             endpoint.on_flow()
-        elif getattr(endpoint, "forwarded", False):
+        elif isinstance(endpoint, Producer) or getattr(endpoint, "forwarded", False):
+            # a producer's flow carries the peer's delivery-count (links.py); a forwarded
+            # link's goes to the node that holds its queue (cluster/)
             endpoint.on_flow()
 
     def on_delivery_raw(self, dlv: Any) -> None:

@@ -369,6 +369,18 @@ class Producer:
 
     # --- transfers in
 
+    def on_flow(self) -> None:
+        """A `flow` from the peer, the link's sender.  Only the sender changes its
+        delivery-count, and only forward, using up credit (AMQP 1.0 §2.6.7); proton
+        adds a move back to the link's credit (an unsigned difference), so a sender
+        could grant itself credit and send past every limit.  proton sums the moves
+        since the last call in `pn_link_drained` (signed): below 0, the link ends."""
+        if lib.pn_link_drained(self.impl) < 0:
+            log.warning("connection %s (container %s): link '%s': the sender moved its delivery-count back "
+                        "(AMQP 1.0 §2.6.7); link ended with %s", self.handler.protocol.peer,
+                        self.handler.container_id, self.link.name, TRANSFER_LIMIT)
+            self._end_link(TRANSFER_LIMIT, "the sender's delivery-count moved back: credit it was not granted")
+
     def on_delivery(self, dlv: Any) -> None:
         """A transfer arrived (dlv: raw pn_delivery_t*)."""
         impl = self.impl

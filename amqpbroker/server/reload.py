@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
@@ -40,6 +42,11 @@ log = logging.getLogger("amqpbroker")
 
 CLOSE_GRACE = 5.0   # seconds a closed connection's peer has to answer before its socket goes
 SETTLE = 0.25       # seconds between the two reads of the file (a file being written differs)
+
+
+def _no_wait(path: str, flags: int) -> int:
+    """open(2) that does not wait for a FIFO's writer (the file is checked after)."""
+    return os.open(path, flags | os.O_NONBLOCK)
 
 
 class ConfigReloader:
@@ -101,21 +108,31 @@ class ConfigReloader:
     # ------------------------------------------------------------------ validate
 
     def _read(self) -> str | None:
+        """The file's text.  Only a regular file: a FIFO put in its place (or a device)
+        would wait for a writer, and the reading thread with it."""
         if self.config_file is None:
             return None
         try:
-            return Path(self.config_file).read_bytes().decode("utf-8")
+            with open(self.config_file, "rb", opener=_no_wait) as f:
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    raise ReloadError(f"cannot read config {self.config_file}: not a regular file")
+                return f.read().decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise ReloadError(f"cannot read config {self.config_file}: {exc}") from None
+
+    async def _read_off_loop(self) -> str | None:
+        """`_read` in a worker thread: a file system that hangs (a network mount) holds
+        the reload, never the broker's loop."""
+        return await asyncio.get_running_loop().run_in_executor(None, self._read)
 
     async def read_settled(self) -> tuple[Settings, UserStore, Any]:
         """The file, read once, validated whole; then read again after `settle`
         seconds: a file that changed meanwhile is still being written."""
-        text = self._read()
+        text = await self._read_off_loop()
         loaded = self._load(text)
         if text is not None and self.settle > 0:
             await self.sleep(self.settle)
-            if self._read() != text:
+            if await self._read_off_loop() != text:
                 raise ReloadError(f"{self.config_file} changed while it was read (still being written?); "
                                   "reload again once it is complete")
         return loaded

@@ -1,4 +1,6 @@
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from amqpbroker.core.exchanges import Binding, Exchange, ExchangeType, topic_matches
 from amqpbroker.core.queues import Queue
@@ -38,3 +40,46 @@ def test_fanout_ignores_key():
 def test_default_keys():
     assert Exchange("t", ExchangeType.TOPIC).default_key() == "#"
     assert Exchange("d", ExchangeType.DIRECT).default_key() == ""
+
+
+def _best_of(fn, runs: int = 5) -> float:
+    import time
+    best = float("inf")
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def test_topic_matching_costs_pattern_x_key_not_an_exponential():
+    """A client's binding key with many '#' (`amq.topic/#.#.#.#.#.#.#.#.#.#.z`) against
+    a message subject of many words: the recursive matcher tried every way to split
+    the words among the '#'s: 10 '#' against 20 words took 35 s, 12 against 24 half an
+    hour, all on the broker's one loop.  Compared with a short pattern in the same run."""
+    key = ".".join(["a"] * 14)
+    uncached = topic_matches.__wrapped__          # (answers are cached per pattern and key)
+    short = _best_of(lambda: uncached("#.z", key))
+    hashes = _best_of(lambda: uncached(".".join(["#"] * 7 + ["z"]), key), runs=3)
+    assert hashes < 100 * short + 0.001, f"{hashes * 1000:.1f} ms against {short * 1000:.3f} ms"
+    assert topic_matches(".".join(["#"] * 40 + ["z"]), ".".join(["a"] * 200)) is False
+    assert topic_matches(".".join(["#"] * 40 + ["z"]), ".".join(["a"] * 200 + ["z"])) is True
+
+
+@settings(max_examples=800, deadline=None)
+@given(st.lists(st.sampled_from(["a", "b", "*", "#"]), min_size=1, max_size=7),
+       st.lists(st.sampled_from(["a", "b", ""]), min_size=1, max_size=7))
+def test_topic_matching_means_what_it_says(pattern_words, key_words):
+    """`*` one word, `#` zero or more: the same answers as the definition."""
+    pattern, key = ".".join(pattern_words), ".".join(key_words)
+    assert topic_matches(pattern, key) is _reference(tuple(pattern_words), tuple(key_words))
+
+
+def _reference(pattern: tuple, words: tuple) -> bool:
+    """The definition, by plain recursion (small inputs only)."""
+    if not pattern:
+        return not words
+    head, rest = pattern[0], pattern[1:]
+    if head == "#":
+        return any(_reference(rest, words[i:]) for i in range(len(words) + 1))
+    return bool(words) and head in ("*", words[0]) and _reference(rest, words[1:])

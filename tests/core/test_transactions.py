@@ -147,3 +147,19 @@ def test_a_rollback_gives_the_room_back_to_waiting_producers():
     blk.wait_for_room(woken.append)
     txns.rollback(txns.take(txn.txn_id))
     assert woken == [blk] and txns.staged_on(blk) == (0, 0)
+
+
+def test_a_transaction_is_found_only_by_the_connection_that_declared_it():
+    """txn-ids are this broker's prefix and a counter: a client that declares one of
+    its own knows the ids of everyone else's.  Another connection could send into a
+    transaction, commit it early or roll it back (its owner's commit then failed with
+    unknown-id).  To any other connection the id names no transaction."""
+    txns = TransactionRegistry()
+    mine = txns.declare(owner="conn-a")
+    with pytest.raises(TransactionError) as err:
+        txns.get(mine.txn_id, owner="conn-b")
+    assert err.value.condition == UNKNOWN_ID
+    with pytest.raises(TransactionError):
+        txns.take(mine.txn_id, owner="conn-b")
+    assert txns.get(mine.txn_id, owner="conn-a") is mine
+    assert txns.take(mine.txn_id, owner="conn-a") is mine

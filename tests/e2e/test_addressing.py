@@ -393,3 +393,20 @@ def test_topic_capability_with_wildcard_name(broker):
         send(conn, f"amq.topic/{w}.a", Message(body="a"))
         send(conn, f"amq.topic/{w}.a.b", Message(body="a.b"))
         assert drain_bodies(conn, rcv) == ["a"]
+
+
+def test_a_binding_key_of_many_hashes_does_not_hold_the_broker(broker):
+    """A consumer's topic key `#.#.#.#.#.#.#.#.#.#.#.#.z` and a message whose subject has
+    24 words: matching tried every way to share the words among the '#'s, and the
+    broker's loop was held for half an hour (10 '#' against 20 words: 35 s)."""
+    from tests.client import connect
+    conn = connect(broker.url)
+    try:
+        key = ".".join(["#"] * 12 + ["z"])
+        rcv = conn.create_receiver(f"amq.topic/{key}", credit=2)
+        snd = conn.create_sender("amq.topic")
+        snd.send(Message(subject=".".join(["a"] * 24), body="no"))            # answered at once
+        snd.send(Message(subject=".".join(["a"] * 24 + ["z"]), body="yes"))
+        assert rcv.receive(timeout=10).body == "yes"
+    finally:
+        conn.close()

@@ -13,7 +13,7 @@ from proton import Delivery, Message
 from tests.e2e.flow_support import api, broker_without_errors, depth
 from tests.e2e.helpers_conn import REMOTE_CLOSED
 from tests.e2e.helpers_delivery import uid
-from tests.e2e.wire_peers import CreditLiar
+from tests.e2e.wire_peers import CreditLiar, DeliveryCountRewinder
 
 pytestmark = pytest.mark.e2e
 
@@ -148,3 +148,29 @@ def test_a_large_transfer_beyond_credit_is_refused_at_its_first_frame(broker):
         client.close()
         with api(broker) as c:
             c.put("/api/alarms", json={"memory_high_watermark_absolute": 10**18})
+
+
+def test_a_sender_moving_its_delivery_count_back_is_stopped(broker):
+    """A sender's own flow whose delivery-count is 1,000 behind what it sent: proton
+    added the (unsigned) difference to the link's credit, and the broker, trusting
+    proton's count, took 212 more transfers into a `max_depth = 100` block queue
+    without ending the link.  Only the sender moves its delivery-count, and only
+    forward (AMQP 1.0 §2.6.7): the link is ended, nothing beyond the credit queued."""
+    q = uid("blk.q")
+    client = DeliveryCountRewinder("127.0.0.1", broker.port, container_id=f"rewinder-{uid()}").wait_open()
+    try:
+        snd = client.sender(client.session(), q, f"rewinder-{uid()}")
+        client.wait(lambda: client.flows_seen > 0, what="the broker's first flow")
+        granted = client.granted[0]
+        sent = flood(client, snd, granted)                  # exactly the credit granted
+        client.wait(lambda: all(d.remote_state for d in sent), what="their outcomes")
+        client.rewind(transfers_sent=granted, back=1000)
+        sent += flood(client, snd, 500, prefix="more")
+        client.wait(lambda: snd.state & REMOTE_CLOSED, 15, "the broker ending the link")
+        assert snd.remote_condition is not None and snd.remote_condition.name == TRANSFER_LIMIT, \
+            snd.remote_condition
+        client.pump_for(0.2)
+        accepted = [d for d in sent if d.remote_state == Delivery.ACCEPTED]
+        assert len(accepted) <= 100 and depth(broker, q) == len(accepted)
+    finally:
+        client.close()

@@ -253,3 +253,26 @@ def test_a_socket_accepted_before_a_reload_authenticates_against_the_new_users(b
     finally:
         early.abandon()
     b.wait_for_log(r"authentication failed for user 'bob' \(PLAIN\): unknown user")
+
+
+def _user_may_consume(broker, user: str, address: str) -> bool:
+    c = raw(broker, user)
+    try:
+        link = c.receiver(c.session(), address, "peek")
+        c.pump_for(0.2)
+        return bool(link.state & Endpoint.REMOTE_ACTIVE) and not detached_unauthorized(link)
+    finally:
+        c.close()
+
+
+def test_a_file_cut_before_a_rules_pattern_does_not_widen_it(broker_factory):
+    """A rule written `permissions` first: a file cut just before its `pattern` line is
+    a valid prefix whose rule grants on '#' (the default), and a reload took it:
+    alice, allowed 'orders.#', consumed every queue."""
+    alice_last = USERS + OPS + '[[acl]]\ngroup = "orders-app"\npermissions = ["consume"]\npattern = "orders.#"\n'
+    b = broker_factory(alice_last)
+    assert _user_may_consume(b, "alice", "orders.eu") and not _user_may_consume(b, "alice", "payroll")
+    b.reload(alice_last[:alice_last.index('pattern = "orders.#"')])
+    line = b.wait_for_log(r"configuration reload by SIGHUP refused, nothing changed")
+    assert "group 'orders-app' consume on every address" in line
+    assert not _user_may_consume(b, "alice", "payroll")

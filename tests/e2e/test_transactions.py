@@ -218,3 +218,33 @@ def test_committed_durable_messages_survive_sigkill(broker_factory):
     client.abandon()
     b.start()
     assert [m.body for m in bodies_now(b.url, q, 5)] == [0, 1, 2, 3, 4]
+
+
+def test_another_connection_cannot_use_or_discharge_a_transaction(broker):
+    """txn-ids are the broker's prefix and a counter, so any client that declares a
+    transaction of its own can name everyone else's.  Another connection could send
+    into it and roll it back: its owner's work was gone and its commit failed with
+    unknown-id.  Now the id names nothing outside the connection that declared it."""
+    owner, other = raw(broker), raw(broker)
+    try:
+        mine, theirs = TxnSession(owner), TxnSession(other)
+        txn = mine.declare()
+        q = uniq("txn.owned")
+        snd = mine.sender(q)
+        owner.wait(lambda: snd.credit > 0, what="credit")
+        mine.send(snd, "mine", txn)
+        intruder = theirs.sender(q)
+        other.wait(lambda: intruder.credit > 0, what="credit")
+        injected = theirs.send(intruder, "injected", txn)
+        other.wait(lambda: injected.remote_state, what="the injected transfer's outcome")
+        assert injected.remote_state == Delivery.REJECTED
+        assert injected.remote.condition.name == "amqp:transaction:unknown-id"
+        refused = theirs.discharge(txn, fail=True)
+        assert refused.remote_state == Delivery.REJECTED
+        assert refused.remote.condition.name == "amqp:transaction:unknown-id"
+        committed = mine.discharge(txn)
+        assert committed.remote_state == Delivery.ACCEPTED
+        assert [m.body for m in bodies_now(broker.url, q, 1)] == ["mine"] and nothing_on(broker.url, q)
+    finally:
+        owner.close()
+        other.close()

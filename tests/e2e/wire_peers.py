@@ -114,6 +114,26 @@ class CreditLiar(RawClient):
         super()._push(self.tap.feed(data, self._lie))
 
 
+class DeliveryCountRewinder(CreditLiar):
+    """A CreditLiar that can also send a `flow` of its own moving its sender
+    delivery-count back (AMQP 1.0 §2.6.7 lets only the sender change it, and only
+    forward).  proton's receiving side adds the unsigned difference to the link's
+    credit: a broker that trusted proton's count would take that many transfers more."""
+
+    def rewind(self, transfers_sent: int, back: int, handle: int = 0, channel: int = 0) -> None:
+        """A flow for link `handle` whose delivery-count is `back` behind the
+        `transfers_sent` it sent on it (its first session, sending only)."""
+        from tests.e2e.helpers_conn import amqp_frame
+        self.pump(0)
+        frame = amqp_frame(channel, FLOW, [uint(0), uint(2147483647), uint(transfers_sent), uint(2147483647),
+                                           uint(handle), uint((transfers_sent - back) % (1 << 32)), uint(0)])
+        self.sock.setblocking(True)
+        try:
+            self.sock.sendall(frame)
+        finally:
+            self.sock.setblocking(False)
+
+
 class _TappedSocket:
     """The client's socket, with what it sends shown to a FrameTap on the way out."""
 

@@ -370,3 +370,35 @@ def test_expiry_runner_reports_once_and_deletes(caplog):
         assert q.exclusivity is ExclusivityPolicy.SHARED_SUBSCRIPTION
     finally:
         h.close()
+
+
+def test_manage_on_one_word_is_not_manage_on_everything():
+    """Broker-wide actions asked for `manage` on the address '#', and the pattern `*`
+    (any one word) matches the one-word text '#': a user granted `manage` on `*` read
+    /metrics, reloaded the configuration, took backups, changed the alarms, closed
+    connections and saw every tenant's queues.  What covers everything needs a grant
+    on every address (pattern '#')."""
+    settings = Settings(
+        store=StoreConfig(enabled=False), management=ManagementConfig(),
+        users={"star": UserConfig(password="star-pw"), "root": UserConfig(password="root-pw")},
+        acl=[AclRuleDecl(user="star", pattern="*", permissions=["manage"]),
+             AclRuleDecl(user="root", pattern="#.#", permissions=["manage"])])
+    h = Harness(settings, client_addr="10.9.8.7")
+    try:
+        star, root = ("star", "star-pw"), ("root", "root-pw")
+        for name in ("invoices", "hr.salaries"):
+            h.broker.declare_queue(name)
+        json = {"Content-Type": "application/json"}
+        for method, path, kw in [("GET", "/metrics", {}), ("GET", "/metrics/per-object", {}),
+                                 ("POST", "/api/reload", {"headers": json}),
+                                 ("POST", "/api/backup", {"json": {"dest": "/nonexistent/x"}}),
+                                 ("PUT", "/api/alarms", {"json": {"disk_free_limit": 1}}),
+                                 ("DELETE", "/api/connections/1", {})]:
+            r = h.request(method, path, auth=star, **kw)
+            assert r.status_code == 403, (method, path, r.status_code, r.text)
+        names = [q["name"] for q in h.get("/api/queues", auth=star)]
+        assert "invoices" in names and "hr.salaries" not in names          # one word: its grant
+        assert h.request("GET", "/metrics", auth=root).status_code == 200   # '#.#' covers everything
+        assert "hr.salaries" in [q["name"] for q in h.get("/api/queues", auth=root)]
+    finally:
+        h.close()

@@ -205,3 +205,49 @@ def test_metrics_count_dead_letters_dropped(h):
     text = h.request("GET", "/metrics").text
     assert "amqpbroker_dead_letters_dropped_total 2.0" in text
     assert "amqpbroker_selector_budget_exceeded_total" in text
+
+
+def test_browsing_with_a_costly_selector_yields_the_loop_between_evaluations(h, monkeypatch):
+    """Each evaluation within its budget (ten LIKEs against a 256 KiB property), a
+    browse still evaluated a whole slice of 256 messages in one loop turn: seconds
+    for the other clients.  Now a slice ends once it spent TURN_BUDGET selector steps."""
+    import asyncio
+
+    import httpx
+
+    from amqpbroker.management import messages
+    from tests.core.test_selector_cost import COSTLY, COSTLY_VALUE
+    from tests.management.support import BASE_URL
+
+    h.broker.declare_queue("a")
+    for i in range(20):
+        h.publish("a", f"m{i}", properties={"p": COSTLY_VALUE})
+    evaluated = 0
+    real = messages.selects
+
+    def counting(*args):
+        nonlocal evaluated
+        evaluated += 1
+        return real(*args)
+    monkeypatch.setattr(messages, "selects", counting)
+    per_turn: list[int] = []
+
+    async def go() -> httpx.Response:
+        done = False
+
+        async def ticker() -> None:
+            seen = 0
+            while not done:
+                per_turn.append(evaluated - seen)
+                seen = evaluated
+                await asyncio.sleep(0)
+        tick = asyncio.ensure_future(ticker())
+        transport = httpx.ASGITransport(app=h.app, client=("127.0.0.1", 50000))
+        async with httpx.AsyncClient(transport=transport, base_url=BASE_URL) as c:
+            r = await c.get("/api/queues/a/messages", params={"selector": COSTLY})
+        done = True
+        await tick
+        return r
+    r = h.loop.run_until_complete(go())
+    assert r.status_code == 200 and r.json()["messages"] == [] and evaluated == 20
+    assert max(per_turn) <= 2, f"{max(per_turn)} costly evaluations in one loop turn"

@@ -157,3 +157,22 @@ def test_more_for_anonymous_is_an_opening():
     assert "send" in opens(narrow, more)[0]
     assert opens(narrow, fewer) == [] and opens(narrow, settings()) == []
     assert "nothing now" in opens(settings(), narrow)[0]
+
+
+def test_a_rule_cut_before_its_pattern_is_an_opening():
+    """A half-written file cut just before a rule's `pattern` line is a valid prefix
+    whose rule grants on '#' (the default pattern): bob, allowed to consume
+    'public.#', could consume every queue after such a reload.  A rule that gives a
+    user or group permissions on every address it did not have is an opening."""
+    narrow = settings(acl=BASE["acl"] + [{"user": "carol", "permissions": ["consume"], "pattern": "public.#"}])
+    cut = settings(acl=BASE["acl"] + [{"user": "carol", "permissions": ["consume"]}])
+    why = opens(narrow, cut)
+    assert len(why) == 1 and "user 'carol'" in why[0] and "consume on every address" in why[0], why
+    group_cut = settings(acl=[{"group": "orders-app", "permissions": ["send", "consume"]}, BASE["acl"][1]])
+    assert "group 'orders-app'" in opens(settings(), group_cut)[0]
+    # What it had on '#' already (bob: browse) is no opening; more on '#' is.
+    assert opens(settings(), settings(acl=BASE["acl"] + [{"user": "bob", "permissions": ["browse"]}])) == []
+    assert "user 'bob'" in opens(settings(), settings(acl=[BASE["acl"][0],
+                                                           {"user": "bob", "permissions": ["send"]}]))[0]
+    # Narrower rules, new users with narrow rules, fewer rules: nothing opened.
+    assert opens(cut, narrow) == []

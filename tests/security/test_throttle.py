@@ -107,3 +107,25 @@ def test_memory_stays_bounded_under_a_flood_of_addresses():
 ])
 def test_source_address(peer, address):
     assert source_address(peer) == address
+
+
+def test_ipv6_addresses_of_one_network_count_as_one():
+    """Whoever has an IPv6 network has 2^64 addresses of it (a /64 is what a host or a
+    home is given): counted one by one, each address had its own free failures and
+    the per-address slowing never came.  IPv6 addresses are counted by their /64;
+    IPv4 ones (IPv4-mapped IPv6 too) by the address."""
+    t, _ = throttle(free_failures=3, base_delay=0.5, max_delay=4.0)
+    for i in range(1, 6):
+        t.failed(f"2001:db8:1:2::{i:x}", "alice")
+    assert t.address_delay("2001:db8:1:2:ffff::1") > 0            # the same /64
+    assert t.address_delay("2001:db8:1:3::1") == 0                # another network
+    assert t.failures("2001:db8:1:2::99") == 5
+    t.succeeded("2001:db8:1:2::7", "alice")                       # its own name, from the network
+    assert t.failures("2001:db8:1:2::1") == 0
+    for i in range(1, 6):
+        t.failed(f"10.0.0.{i}", "bob")
+    assert t.address_delay("10.0.0.9") == 0 and t.address_delay("10.0.0.1") == 0   # IPv4: each address
+    for _ in range(5):
+        t.failed("::ffff:10.0.0.20", "bob")
+    assert t.address_delay("10.0.0.20") > 0 and t.failures("::ffff:10.0.0.21") == 0
+    assert t.address_delay("not-an-address") == 0                 # anything else: as it is

@@ -47,3 +47,29 @@ def test_what_is_validated_is_what_was_read(tmp_path):
     path.write_text('[[acl]]\nuser = "alice"\n')        # a rule cut before its permissions
     with pytest.raises(ReloadError, match="acl.0.permissions"):
         asyncio.run(reader(path, during_settle=FULL).read_settled())
+
+
+def test_a_config_path_that_is_no_regular_file_is_refused_without_blocking(tmp_path):
+    """The file replaced by a FIFO (or a device): reading it waited for a writer on
+    the broker's loop, and the whole broker stopped (no connection, no API answer)
+    until one came.  It is refused at once, and reading happens off the loop."""
+    import os
+    path = tmp_path / "b.toml"
+    os.mkfifo(path)
+
+    async def reload_alongside_the_loop() -> int:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.01)
+        tick = asyncio.ensure_future(ticker())
+        try:
+            with pytest.raises(ReloadError, match="not a regular file"):
+                await asyncio.wait_for(reader(path).read_settled(), 5)
+        finally:
+            tick.cancel()
+        return ticks
+    assert asyncio.run(reload_alongside_the_loop()) >= 1

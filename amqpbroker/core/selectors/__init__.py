@@ -8,7 +8,7 @@ here with SelectorError.
 """
 
 from .compiler import Selector, SelectorError, Stats, check_length, compile_selector
-from .like import EVALUATION_BUDGET, SelectorBudgetExceeded
+from .like import EVALUATION_BUDGET, TURN_BUDGET, SelectorBudgetExceeded, spent
 
-__all__ = ["EVALUATION_BUDGET", "Selector", "SelectorBudgetExceeded", "SelectorError", "Stats", "check_length",
-           "compile_selector"]
+__all__ = ["EVALUATION_BUDGET", "TURN_BUDGET", "Selector", "SelectorBudgetExceeded", "SelectorError", "Stats",
+           "check_length", "compile_selector", "spent"]
