@@ -151,7 +151,7 @@ class TxnRoutes:
         """Transactional work for `node` (`address`): `then(xid, None)` once it may
         go there under `xid`, or `then(None, (condition, description))`."""
         try:
-            txn = self.router.server.transactions.get(txn_id)
+            txn = self.router.server.transactions.get(txn_id, handler)   # only its own connection's
         except TransactionError as exc:
             then(None, (exc.condition, exc.description))
             return
@@ -215,7 +215,7 @@ class TxnRoutes:
             return False
         txns = self.router.server.transactions
         try:
-            txn = txns.take(txn_id)
+            txn = txns.take(txn_id, handler)
         except TransactionError as exc:
             coordinator.settle_in_order(dlv, lib.PN_REJECTED, Condition(exc.condition, exc.description))
             return True

@@ -1,6 +1,6 @@
 """Producer credit: whether a transfer came beyond the credit granted, how many more
 messages a `block` queue has room for, and how much of that room one producer may be
-granted.  Pure: numbers in, numbers out (server/flow.py and server/links.py apply them).
+granted.  Pure: numbers in, numbers out (server/flow.py and server/producers.py apply them).
 
 **Credit is a promise the peer may break** (AMQP 1.0 §2.6.7: "it is illegal to send
 more messages" than link-credit allows).  proton counts a receiving link's credit down

@@ -37,7 +37,7 @@ class SettlementOrder:
     def __init__(self) -> None:
         self.slots: deque[list] = deque()
         # Set by the I/O layer: answers given that the engine may still hold back to
-        # batch them (server/links.py, Producer._answer).
+        # batch them (server/producers.py, Producer._answer).
         self.batched = False
 
     def __len__(self) -> int:

@@ -19,7 +19,8 @@ from proton import Condition, Delivery, Described, Link, symbol, ulong
 from ..core.message import MalformedMessage, Message
 from ..core.queues import Outcome
 from ..core.transactions import ROLLBACK, StagedAck, TransactionError
-from .links import ACCEPTED, REJECTED, Producer
+from .links import ACCEPTED, REJECTED
+from .producers import Producer
 
 if TYPE_CHECKING:
     from .handlers import ConnectionHandler

@@ -102,7 +102,7 @@ class AmqpProtocol(asyncio.Protocol):
         self._hs_timer: asyncio.TimerHandle | None = None
         self.hold = OutputHold()   # output waits for a store commit (hold_for_store)
         # Sending links that wait until output moves: the engine holds as much of them
-        # unsent as it may (server/links.py BoundedOutput); the next flush that writes wakes them.
+        # unsent as it may (server/outbound.py BoundedOutput); the next flush that writes wakes them.
         self.output_waiters: list[Any] = []
         self.guard: FrameGuard | None = None   # protocol checks proton does not make
         self._discard_input = False             # after a protocol violation: closing

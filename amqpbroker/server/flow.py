@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from ..core.message import Message
     from ..core.queues import Queue
     from ..core.transactions import TransactionRegistry
-    from .links import Producer
+    from .producers import Producer
 
 log = logging.getLogger("amqpbroker.flow")
 

@@ -26,7 +26,8 @@ from dataclasses import replace
 from ..core.addresses import Resolution
 from .attach import ConsumerAttacher, temp_name
 from .refusal import AttachRefused
-from .links import ACCEPTED, REJECTED, EndedDeliveries, LinkConsumer, Producer, link_key, session_key
+from .links import ACCEPTED, REJECTED, EndedDeliveries, LinkConsumer, link_key, session_key
+from .producers import Producer
 from cproton import lib
 from .coordinator import TRANSACTIONAL_STATE, Coordinator, stage_ack, stage_send
 from .peer_fields import attach_problem, condition_text, link_name, open_problem
@@ -570,7 +571,7 @@ class ConnectionHandler:
         elif endpoint is not None and endpoint.__class__ is RangeReader:
             endpoint.on_flow()
         elif isinstance(endpoint, Producer) or getattr(endpoint, "forwarded", False):
-            # a producer's flow carries the peer's delivery-count (links.py); a forwarded
+            # a producer's flow carries the peer's delivery-count (producers.py); a forwarded
             # link's goes to the node that holds its queue (cluster/)
             endpoint.on_flow()
 

@@ -47,7 +47,8 @@ from ..core.sequence import (
     with_sequence,
 )
 from ..core.terms import Filter, SourceTerms, TargetTerms
-from .links import ACCEPTED, REJECTED, Producer, link_credit
+from .links import ACCEPTED, REJECTED, link_credit
+from .producers import Producer
 from .outbound import DELIVERY_COST, BoundedOutput
 from .refusal import AttachRefused
 from .terminus import write_source, write_target
