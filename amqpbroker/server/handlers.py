@@ -15,7 +15,6 @@ from proton import Condition, Delivery, Endpoint, Event, Link, symbol
 from .. import PRODUCT, __version__
 from ..core.addresses import AddressKind, AddressNotFound
 from ..core.broker import QueueLimit
-from ..core.message import MalformedMessage, Message
 from ..core.queues import LifetimePolicy
 from ..core.settlement import LinkEnding
 from ..core.wire import close_frame
@@ -26,13 +25,14 @@ from dataclasses import replace
 from ..core.addresses import Resolution
 from .attach import ConsumerAttacher, temp_name
 from .refusal import AttachRefused
-from .links import ACCEPTED, REJECTED, EndedDeliveries, LinkConsumer, link_key, session_key
+from .links import EndedDeliveries, LinkConsumer, link_key, session_key
+from .inbound import receive, route
 from .producers import Producer
 from cproton import lib
-from .coordinator import TRANSACTIONAL_STATE, Coordinator, stage_ack, stage_send
+from .coordinator import Coordinator, stage_ack
 from .peer_fields import attach_problem, condition_text, link_name, open_problem
 from .terminus import read_source, read_target, write_null, write_target
-from .sequence import CONTROL_ADDRESSES, RangeReader, attach_control, dedup_publish
+from .sequence import CONTROL_ADDRESSES, RangeReader, attach_control
 from ..core.terms import TargetTerms
 
 if TYPE_CHECKING:
@@ -40,7 +40,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("amqpbroker.connection")
 
-_REFUSALS = (MalformedMessage, AddressNotFound, QueueLimit)   # what a received message may be refused for
 OFFERED_CAPABILITIES = ["SHARED-SUBS", "ANONYMOUS-RELAY", "DELAYED_DELIVERY",
                         "sole-connection-for-container"]
 SOLE_CONNECTION = "sole-connection-for-container"
@@ -589,84 +588,9 @@ class ConnectionHandler:
         else:
             endpoint.on_delivery(dlv)
 
-    def receive(self, producer: Producer, dlv: Any, raw: bytes) -> None:
-        """A complete message arrived on a producer link."""
-        store = self.server.store
-        try:
-            msg = Message(raw, publisher=self.connection_key)
-            # What routing reads, read once here: a wrong-typed field (priority as a
-            # string, a NaN delivery delay, a group-id that is not text ...) is
-            # rejected now, never met by a queue.
-            msg.routing_times()
-            if msg.durable and store.full:
-                why = getattr(store, "degraded", None)
-                self._reject(producer, dlv, RESOURCE_LIMIT,
-                             f"durable messages are refused for now: {why}" if why else "message store is full")
-                return
-            target = producer.target
-            if target is None:
-                if self.server.access.enabled:
-                    denied = self.server.access.relay_denied(self.protocol.user, msg)
-                    if denied is not None:
-                        self._reject(producer, dlv, UNAUTHORIZED, denied)
-                        return
-                cluster = self.server.cluster
-                if cluster is not None and cluster.relay(self, producer, dlv, msg):
-                    return   # another node owns it; settled with that node's outcome
-                target = self.broker.resolve_for_relay(msg)
-                # A relay transfer for a block queue without room waits, and so do the
-                # ones after it (server/flow.py).
-                if producer.parked:
-                    producer.park(dlv, msg, target, None)
-                    return
-                full = self.server.flow.relay_wait(msg, target)
-                if full is not None:
-                    producer.park(dlv, msg, target, full)
-                    return
-        except _REFUSALS as exc:
-            self._refused(producer, dlv, exc)
-            return
-        self.route(producer, dlv, msg, target)
-
-    def route(self, producer: Producer, dlv: Any, msg: Message, target: Resolution) -> None:
-        """Stage, or publish and answer, a received message whose target is known."""
-        store = self.server.store
-        try:
-            if lib.pn_delivery_remote_state(dlv) == TRANSACTIONAL_STATE:
-                stage_send(self, producer, dlv, msg, target)
-                return
-            if self.server.settings.duplicate_detection:
-                if dedup_publish(self, producer, dlv, msg, target):
-                    return   # a duplicate: settled and dropped
-            else:
-                self.broker.publish(msg, target, self.protocol.user)
-        except _REFUSALS as exc:
-            self._refused(producer, dlv, exc)
-            return
-        if lib.pn_delivery_settled(dlv):  # pre-settled by the producer: nothing to answer
-            lib.pn_delivery_settle(dlv)
-            return
-        if msg.store_id is not None and store.persistent:
-            producer.accept_after_commit(dlv, store)   # once on disk (group commit)
-        else:
-            producer.settle_in_order(dlv, ACCEPTED)
-
-    def _refused(self, producer: Producer, dlv: Any, exc: Exception) -> None:
-        """Answer a message the broker refuses: rejected with the condition."""
-        if isinstance(exc, MalformedMessage):
-            self._reject(producer, dlv, "amqp:decode-error", str(exc))
-        elif isinstance(exc, AddressNotFound):
-            self._reject(producer, dlv, "amqp:not-found", exc.why)
-        else:
-            self._reject(producer, dlv, RESOURCE_LIMIT, str(exc))
-
-    def _reject(self, producer: Producer, dlv: Any, condition: str, description: str) -> None:
-        log.warning("connection %s: message on link '%s' rejected: %s: %s", self.protocol.peer,
-                    producer.link.name, condition, description)
-        if lib.pn_delivery_settled(dlv):
-            lib.pn_delivery_settle(dlv)
-            return
-        producer.settle_in_order(dlv, REJECTED, Condition(condition, description))
+    # Transfers in (server/inbound.py): module functions taking the handler as `self`.
+    receive = receive
+    route = route
 
     def transactional_ack(self, consumer: LinkConsumer, dlv: Delivery, entry: Any) -> None:
         stage_ack(self, consumer, dlv, entry)
