@@ -165,9 +165,10 @@ class ZkCluster:
     SECRET = "cluster-test-secret-0123456789"
 
     def __init__(self, base: Path, config: str | None = None, nodes: tuple[str, ...] = ("a", "b", "c"),
-                 weights: str = "{ a = 0 }"):
+                 weights: str = "{ a = 0 }", cluster_extra: str = ""):
         self.base = Path(base)
         self.config_text = config or ""
+        self.cluster_extra = cluster_extra   # more [cluster] keys (one per line)
         self.node_names = nodes
         self.weights = weights
         self.host = "127.0.0.1"
@@ -180,7 +181,7 @@ class ZkCluster:
         return (self.config_text + "\n[cluster]\n"
                 f'zookeeper = "{self.zk.hosts}"\nzookeeper_session_timeout = 4.0\nname = "{self.name}"\n'
                 f'node_id = "{node}"\nnodes = [{nodes}]\nweights = {self.weights}\nlisten_port = 0\n'
-                f'secret = "{self.SECRET}"\n')
+                f'secret = "{self.SECRET}"\n' + self.cluster_extra)
 
     def start(self) -> "ZkCluster":
         try:

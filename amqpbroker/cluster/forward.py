@@ -78,7 +78,7 @@ class ForwardedLink:
         if size:
             lib.pn_link_set_max_message_size(m._impl, size)
         props = lib.pn_link_remote_properties(self.impl)
-        if props != ffi.NULL and lib.pn_data_size(props):
+        if props != ffi.NULL:   # NULL: the client sent none
             lib.pn_data_copy(lib.pn_link_properties(m._impl), props)
         m.open()
         self.mirror, self.mimpl, self.mirror_session = m, m._impl, ssn
@@ -128,7 +128,7 @@ class ForwardedLink:
             if self.candidates and cond is not None and cond.name == "amqp:not-found":
                 self._try_next()
                 return
-            self._refuse_client(cond)
+            self.refuse_client(cond)
             return
         if state == "detaching":   # the answer to the client's detach
             self._answer_client(self.client_closed, cond)
@@ -147,7 +147,7 @@ class ForwardedLink:
         self.peer = self.side.peer(self.candidates.pop(0))
         self.start()
 
-    def _refuse_client(self, cond: Condition | None) -> None:
+    def refuse_client(self, cond: Condition | None) -> None:
         name = cond.name if cond is not None else "amqp:not-found"
         desc = (cond.description if cond is not None else None) or "refused by the owning node"
         h = self.handler
@@ -217,7 +217,7 @@ class ForwardedLink:
             return
         cond = Condition(UNAVAILABLE, condition.description or "the owning node is not available")
         if self.state == "attaching":
-            self._refuse_client(cond)
+            self.refuse_client(cond)
             return
         if self.state == "detaching":
             self._answer_client(self.client_closed, None)

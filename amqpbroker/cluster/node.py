@@ -159,9 +159,15 @@ async def run_member(settings: Settings, loop: asyncio.AbstractEventLoop, config
     from .membership import Membership
     from .router import Router
     from .shovel import Shovels
+    from .tls import node_tls
 
     cfg = settings.cluster
     secret = cfg.secret.encode()
+    try:
+        tls = node_tls(settings)
+    except (ValueError, OSError) as exc:
+        log.error("cannot start node %s: %s", cfg.node_id, exc)
+        return 2
     membership = Membership(cfg, loop)
     try:
         await membership.start()
@@ -185,11 +191,13 @@ async def run_member(settings: Settings, loop: asyncio.AbstractEventLoop, config
         router = Router(server, cfg.node_id, slots, address_of, secret)
         router.serving = False            # until our live znode is held
         router.redirect = cfg.redirect
+        router.tls = tls
         router.client_address = lambda n: tuple(membership.live[n]["amqp"].rsplit(":", 1))
         router.membership = membership
         server.cluster = router
         await server.start()
-        inter, where = await start_listener(server, secret, host=cfg.listen_host, port=cfg.listen_port)
+        inter, where = await start_listener(server, secret, host=cfg.listen_host, port=cfg.listen_port,
+                                            ssl_context=tls.server if tls is not None else None)
     except (ValueError, OSError, StoreError, lmdb.Error) as exc:
         log.error("cannot start node %s: %s", cfg.node_id, exc)
         await membership.stop()
@@ -208,8 +216,8 @@ async def run_member(settings: Settings, loop: asyncio.AbstractEventLoop, config
     membership.watch()
     shovels = Shovels(server, router)
     shovels.start()
-    log.info("cluster: node %s of %s, %d of %d slots, inter-node %s", cfg.node_id, ", ".join(cfg.nodes),
-             len(slots.slots_of(cfg.node_id)), slots.slots, where)
+    log.info("cluster: node %s of %s, %d of %d slots, inter-node %s%s", cfg.node_id, ", ".join(cfg.nodes),
+             len(slots.slots_of(cfg.node_id)), slots.slots, where, " (TLS)" if tls is not None else "")
     from ..cli import tune_gc
     tune_gc()
     stopped = asyncio.Event()

@@ -15,7 +15,6 @@ from proton import Condition, symbol
 from typing import Any, Callable, Iterator
 
 from ..core.placement import (
-    NOT_IMPLEMENTED,
     Forward,
     Local,
     LinkShape,
@@ -33,12 +32,14 @@ from ..config import ClientIdPolicy
 from ..core.message import JMS_DEST, MESSAGE_ANNOTATIONS
 from ..core.settlement import LinkEnding
 from ..core.subscriptions import SubscriptionKey, identity
-from ..core.terms import CAP_TOPIC, ExpiryPolicy
+from ..core.terms import CAP_SHARED, CAP_TOPIC, ExpiryPolicy
 from ..server.peer_fields import symbols
 from ..server.refusal import AttachRefused
 from ..server.terminus import read_source, read_target
 from .forward import ForwardedConsumer, ForwardedLink, ForwardedProducer
-from .guard import LOCKED, SubscriptionGuard
+from .guard import LOCKED, LookupAnswer, SubscriptionGuard, held_subscription, is_lookup
+from .keyless import KeylessProducer
+from .lookup import LookupConsumer
 from .partitioned import FanInConsumer, PartitionedProducer, member_of
 from .relay import RelayLink
 from .txn import TxnRoutes
@@ -92,7 +93,7 @@ class ClientSide:
             peer = PeerConnection(self.router.server, node, self.router.address_of(node), self.router.secret,
                                   container_id=h.container_id, user=h.protocol.user,
                                   desired_capabilities=desired + [SOLE_CONNECTION] * claim, on_lost=self._lost,
-                                  epoch=self.router.slots.epoch)
+                                  epoch=self.router.slots.epoch, tls=self.router.tls)
             self.peers[node] = peer
             if claim:
                 self.claim = peer
@@ -163,6 +164,7 @@ class Router:
         self.serving = True
         self.membership: Any = None
         self.redirect = False      # [cluster] redirect: opens go to their client-id's home node
+        self.tls: Any = None       # [cluster] tls: connections to other nodes in TLS (cluster/tls.py)
         self.client_address: Callable[[str], tuple[str, Any]] = lambda node: ("", 0)
 
     def describe(self) -> dict:
@@ -203,13 +205,15 @@ class Router:
             raise AttachRefused(UNAVAILABLE, f"node {self.node} serves nothing now (its ZooKeeper session is "
                                              f"in doubt, or it is taking its place again)")
         if self.from_node(handler):
-            return None
+            # Placed by the node that sent it: served here; or another node's lookup
+            # of a subscription name (cluster/guard.py), answered here.
+            return LookupAnswer(handler, link) if link.is_sender and is_lookup(link) else None
         shape = self._shape(link)
         placed = place_link(shape, self.node, self.slots, self.exchanges)
-        if shape.consumer and isinstance(placed, (Forward, Local)):
-            others = self._durable_elsewhere(handler, link, placed)
-            if others:
-                return self._guarded(handler, link, placed, others)
+        if shape.consumer and isinstance(placed, (Forward, Local, Partitioned)):
+            check = self._subscription_check(handler, link, placed)
+            if check is not None:
+                return self._guarded(handler, link, placed, *check)
         if isinstance(placed, Forward):
             return self._forward(handler, link, [placed.node])
         if isinstance(placed, Refuse):
@@ -217,15 +221,15 @@ class Router:
         if isinstance(placed, Scatter):
             return self._scatter(handler, link, placed)
         if isinstance(placed, PerMessage) and shape.address:
-            raise AttachRefused(NOT_IMPLEMENTED,
-                                f"a producer on exchange '{shape.address}' without a key: in a cluster the "
-                                f"key goes in the address ('{shape.address}/key') or the message's `to` "
-                                f"(anonymous relay)")
+            # An exchange without a key: each message by its subject (cluster/keyless.py).
+            self.forwarded_total += 1
+            return KeylessProducer(self.side(handler), handler, link, shape.address)
         if isinstance(placed, Partitioned):
             side = self.side(handler)
-            kind = FanInConsumer if link.is_sender else PartitionedProducer
             self.forwarded_total += 1
-            return kind(side, handler, link, placed)
+            if link.is_sender:
+                return FanInConsumer(side, handler, link, placed.members)
+            return PartitionedProducer(side, handler, link, placed)
         return None
 
     @staticmethod
@@ -247,19 +251,35 @@ class Router:
         log.debug("link '%s' of %s forwarded to node %s", link.name, handler.container_id, nodes[0])
         return fwd
 
-    def _durable_elsewhere(self, handler: Any, link: Any, placed: Any) -> list[str]:
-        """For a durable subscription attach: the other nodes that may hold a
-        subscription of that name under another topic (cluster/guard.py).  This
-        node's own is dealt with here and now."""
+    def _subscription_check(self, handler: Any, link: Any, placed: Any) -> tuple[list[str], bool] | None:
+        """For a durable or a shared non-durable subscription attach: the other nodes
+        to ask about its name (cluster/guard.py), and whether it is durable.  This
+        node's own is dealt with here and now when the subscription goes elsewhere."""
         source = read_source(link.remote_source)
-        if source.expiry_policy is not ExpiryPolicy.NEVER or source.is_null or source.dynamic:
-            return []
-        target = self.node if isinstance(placed, Local) else placed.node
-        if target != self.node:
-            self._replace_local(handler, link, source)
-        return [n for n in self.slots.nodes if n not in (target, self.node) and self.slots.available(n)]
+        if source.is_null or source.dynamic:
+            return None
+        durable = source.expiry_policy is ExpiryPolicy.NEVER
+        if not durable and not source.has(CAP_SHARED):
+            return None
+        if isinstance(placed, Local):
+            targets = {self.node}
+        elif isinstance(placed, Forward):
+            targets = {placed.node}
+        else:
+            targets = {node for _, node in placed.members}
+        if self.node not in targets:
+            self._check_local(handler, link, source, durable)
+        others = [n for n in self.slots.nodes if n not in targets and n != self.node and self.slots.available(n)]
+        return (others, durable) if others else None
 
-    def _replace_local(self, handler: Any, link: Any, source: Any) -> None:
+    def _check_local(self, handler: Any, link: Any, source: Any, durable: bool) -> None:
+        """This node's subscription of that name, its topic elsewhere: a durable one
+        unused is replaced (deleted here), one in use refuses the attach."""
+        if not durable:
+            if held_subscription(self.server.subscriptions, self.server.broker, link, handler.container_id):
+                raise AttachRefused(LOCKED, f"shared subscription '{link.name.split('|', 1)[0]}' is in use "
+                                            f"with a different topic (on node {self.node})")
+            return
         namespace, name, _, _ = identity(link.name, handler.container_id, source)
         registry = self.server.subscriptions
         sub = registry.subscriptions.get(SubscriptionKey(namespace, name, True))
@@ -272,34 +292,39 @@ class Router:
         log.info("durable subscription '%s' deleted here: attached again under a topic of another node", name)
         registry.delete(sub)
 
-    def _guarded(self, handler: Any, link: Any, placed: Any, others: list[str]) -> ForwardedLink:
+    def _guarded(self, handler: Any, link: Any, placed: Any, others: list[str], durable: bool) -> Any:
         """Ask the other nodes first (cluster/guard.py); then attach at the owner,
-        which may be this node: then through this node's own inter-node listener."""
+        which may be this node (then through this node's own inter-node listener), or
+        at every member of a partitioned topic."""
         side = self.side(handler)
-        target = self.node if isinstance(placed, Local) else placed.node
-        fwd = ForwardedConsumer(side, handler, link, side.peer(target))
+        if isinstance(placed, Partitioned):
+            fwd: Any = FanInConsumer(side, handler, link, placed.members, start=False)
+        else:
+            target = self.node if isinstance(placed, Local) else placed.node
+            fwd = ForwardedConsumer(side, handler, link, side.peer(target))
 
         def then(refusal: Any) -> None:
             if fwd.state != "attaching" or fwd.client_gone:
                 return
             if refusal is not None:
-                fwd._refuse_client(refusal)
+                fwd.refuse_client(refusal)
             else:
                 fwd.start()
 
-        SubscriptionGuard(side, fwd.client_session, link.name, others, then)
+        SubscriptionGuard(side, fwd.client_session, link, others, durable, then)
         self.forwarded_total += 1
         return fwd
 
-    def _scatter(self, handler: Any, link: Any, placed: Scatter) -> ForwardedLink | None:
-        """A null-source attach (Qpid JMS's unsubscribe): the subscription it names is
-        on one node, which the name alone does not tell; here first, then each other."""
+    def _scatter(self, handler: Any, link: Any, placed: Scatter) -> Any:
+        """A null-source attach (Qpid JMS's unsubscribe): the subscription it names may
+        be on any node, and on several (a partitioned topic's members): asked of every
+        node at once (cluster/lookup.py), this one included when it holds the name."""
         namespace, name, _, _ = identity(link.name, handler.container_id, None)
-        if SubscriptionKey(namespace, name, True) in self.server.subscriptions.subscriptions:
-            return None
         if not placed.nodes:
-            return None   # refused here: not-found
-        return self._forward(handler, link, list(placed.nodes))
+            return None   # no other node: as alone
+        here = SubscriptionKey(namespace, name, True) in self.server.subscriptions.subscriptions
+        self.forwarded_total += 1
+        return LookupConsumer(self.side(handler), handler, link, list(placed.nodes) + [self.node] * here)
 
     # ------------------------------------------------------------------ client-ids
 

@@ -257,8 +257,9 @@ def place_message(to: str | None, topic: bool, here: str, slots: SlotMap,
     x-opt-jms-dest), or its `subject` as the key on `exchange` (a producer that named
     an exchange without a key)."""
     if exchange is not None:
-        address = exchange if subject is None else f"{exchange}/{subject}"
-        return _place_address(address, False, False, here, slots, exchanges)
+        # The single broker's rule (core/broker.py `route`): the key is the subject,
+        # "" when there is none.
+        return _place_address(f"{exchange}/{subject or ''}", False, False, here, slots, exchanges)
     if not to:
         return LOCAL   # refused by the node itself (no `to`), as alone
     return _place_address(to, topic, False, here, slots, exchanges)
@@ -312,6 +313,14 @@ def partition_members(address: str, count: int, slots: SlotMap) -> tuple[tuple[s
 def member_address(key: str, index: int) -> str:
     """A member's address: `orders.p0` for a queue, `amq.topic/prices.p0` for a topic."""
     return f"{key}.p{index}"
+
+
+def member_base(address: str, slots: SlotMap) -> str | None:
+    """The partitioned destination whose member `address` is (`amq.topic/prices.p1` →
+    `amq.topic/prices`), or None."""
+    base, dot, suffix = address.rpartition(".p")
+    count = slots.partitioned.get(base) if dot else None
+    return base if count and suffix.isdigit() and int(suffix) < count else None
 
 
 def _member_node(key: str, slots: SlotMap) -> str | None:

@@ -272,6 +272,21 @@ def test_message_row_subject_on_a_keyless_exchange_producer(slots):
         Forward("n1", f"amq.direct/{key}")
 
 
+def test_message_row_keyless_exchange_message_without_subject_has_the_empty_key(slots):
+    """As alone (core/broker.py `route`): no subject is the key ""."""
+    expected = owner_of("amq.direct/", slots)
+    placed = place_message(None, False, "n0", slots, EXCHANGES, subject=None, exchange="amq.direct")
+    assert placed == (LOCAL if expected == "n0" else Forward(expected, "amq.direct/"))
+    assert place_message(None, False, expected, slots, EXCHANGES, subject="", exchange="amq.direct") is LOCAL
+
+
+def test_message_row_keyless_exchange_subject_naming_a_partitioned_topic_goes_to_its_members():
+    base = static_map(NODES)
+    slots = SlotMap(base.owners, base.live, partitioned={"amq.topic/prices": 2})
+    placed = place_message(None, False, "n0", slots, EXCHANGES, subject="prices", exchange="amq.topic")
+    assert isinstance(placed, Partitioned) and placed.members[0][0] == "amq.topic/prices.p0"
+
+
 def test_message_row_without_to_stays_here_to_be_rejected(slots):
     assert place_message(None, False, "n0", slots, EXCHANGES) is LOCAL
 
