@@ -22,6 +22,7 @@ from tests.broker_process import follow_log
 
 NODE_RE = re.compile(r"amqp-node listening on ([\d.]+):(\d+) \(node (\S+)\)")
 PID_RE = re.compile(r"\[(n\d+) pid (\d+)\]")
+MGMT_RE = re.compile(r"\[(n\d+)\] .*management listening on [\d.]+:(\d+)")
 
 
 class ClusterProcess:
@@ -77,6 +78,23 @@ class ClusterProcess:
                 if m:
                     found[m.group(3)] = int(m.group(2))
             return found
+
+    def management_ports(self) -> dict[str, int]:
+        """node → its management listener's port (each node has its own)."""
+        with self._lock:
+            found = {}
+            for line in self.lines:
+                m = MGMT_RE.search(line)
+                if m:
+                    found[m.group(1)] = int(m.group(2))
+            return found
+
+    def get(self, node: str, path: str) -> str:
+        """GET `path` on a node's management listener (anonymous on loopback)."""
+        import urllib.request
+        url = f"http://127.0.0.1:{self.management_ports()[node]}{path}"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.read().decode()
 
     def wait_nodes(self, timeout: float = 40.0, after: int = 0) -> None:
         deadline = time.monotonic() + timeout

@@ -25,6 +25,7 @@ from ..core.placement import (
     SlotMap,
     UNAVAILABLE,
     client_home,
+    partition_members,
     place_link,
     place_message,
 )
@@ -168,20 +169,31 @@ class Router:
         self.client_address: Callable[[str], tuple[str, Any]] = lambda node: ("", 0)
 
     def describe(self) -> dict:
-        """GET /api/cluster: this node's view of the cluster."""
+        """GET /api/cluster (and the cluster's /metrics): this node's view of the cluster."""
         slots = self.slots
         peers = [p for side in self.sides.values() for p in side.peers.values()]
         links = [f for p in peers for f in p.links.values()]
-        waiting = sum(len(getattr(f, "sent", ()) or ()) + len(getattr(f, "unsettled", ()) or ()) for f in links)
+        # Client messages sent (or queued) to the nodes that own their addresses and
+        # not answered yet; deliveries passed on to clients and not settled by them.
+        waiting = sum(len(getattr(f, "sent", ()) or ()) + len(getattr(f, "queue", ()) or ()) for f in links)
+        at_clients = sum(len(getattr(f, "unsettled", ()) or ()) for f in links)
+        incoming = sum(1 for hs in list(self.server.handlers_by_container.values()) for h in hs
+                       if self.from_node(h))
         nodes = []
         for node in slots.nodes:
             nodes.append({"node": node, "live": slots.available(node), "slots": len(slots.slots_of(node)),
                           "here": node == self.node,
                           "connections": sum(1 for p in peers if p.node == node)})
         view = {"node": self.node, "serving": self.serving, "epoch": slots.epoch, "slots": slots.slots,
+                "slots_owned": len(slots.slots_of(self.node)), "tls": self.tls is not None,
                 "nodes": nodes, "pinned_exchanges": sorted(slots.pinned),
+                "partitioned": [{"address": key, "members": [{"address": a, "node": n} for a, n in
+                                                             partition_members(key, count, slots)]}
+                                for key, count in sorted(slots.partitioned.items())],
                 "forwarded": {"clients": len(self.sides), "connections": len(peers), "links": len(links),
-                              "waiting_on_owners": waiting, "links_total": self.forwarded_total}}
+                              "waiting_on_owners": waiting, "unsettled_at_clients": at_clients,
+                              "links_total": self.forwarded_total},
+                "inter_node_connections_in": incoming}
         if self.membership is not None:
             view["zookeeper"] = self.membership.describe()
         return view
