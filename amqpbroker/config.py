@@ -241,6 +241,8 @@ class ClusterConfig(StrictModel):
     listen_port: int = Field(5680, ge=0, le=65535, description="0: a free port")
     advertised: str | None = Field(None, description='"host:port" the other nodes connect to '
                                    "(default: listen_host:port as bound)")
+    advertised_amqp: str | None = Field(None, description='"host:port" clients are told to reach this node at '
+                                        "(placement redirects, the Spark source); default: the AMQP listener's")
     secret: str | None = Field(None, min_length=16, description="every node proves it (HMAC) before any "
                                "AMQP frame (with zookeeper; the workers of one machine make their own)")
     tls: bool = Field(False, description="inter-node connections in TLS, verified both ways: each node presents "

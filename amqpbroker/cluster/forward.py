@@ -63,6 +63,15 @@ class ForwardedLink:
         self.max_message_size = handler.server.settings.limits.max_message_size
         self.finished = False
         self.free_client = False     # both ends of the client link detached: free it when done
+        # The client's later frames wait until its attach is answered (ClientSide.hold).
+        self.held = True
+        side.hold()
+
+    def attach_answered(self) -> None:
+        """The client's attach is answered (or moot): its later frames may go on."""
+        if self.held:
+            self.held = False
+            self.side.unhold()
 
     # ------------------------------------------------------------------ attach
 
@@ -104,6 +113,7 @@ class ForwardedLink:
         link.open()
         self.state = "open"
         self.opened()
+        self.attach_answered()
         self.protocol.mark_dirty()
 
     def opened(self) -> None:
@@ -156,6 +166,7 @@ class ForwardedLink:
         h.refuse(self.link, name, desc)
         self.protocol.mark_dirty()
         self.state = "done"
+        self.attach_answered()
         self._finish()
 
     def _answer_client(self, closed: bool, cond: Condition | None) -> None:
@@ -207,6 +218,7 @@ class ForwardedLink:
         session or connection hook ends ours the same way)."""
         self.client_gone = True
         self.state = "done"
+        self.attach_answered()
         self._finish()
 
     def on_peer_lost(self, condition: Condition) -> None:

@@ -73,6 +73,7 @@ class LookupConsumer(FanInConsumer):
         link.rcv_settle_mode = first.remote_rcv_settle_mode
         link.open()
         self.state = "open"
+        self.attach_answered()
         self.on_flow()
         self.protocol.mark_dirty()
 

@@ -212,7 +212,8 @@ async def run_member(settings: Settings, loop: asyncio.AbstractEventLoop, config
     membership.on_change = changed
     membership.on_serving = serving
     main = server.listeners[0]
-    await membership.go_live({"inter": cfg.advertised or where, "amqp": f"{main.host}:{main.port}"})
+    amqp = cfg.advertised_amqp or f"{main.host}:{main.port}"   # what clients are told (redirects, Spark)
+    await membership.go_live({"inter": cfg.advertised or where, "amqp": amqp})
     membership.watch()
     shovels = Shovels(server, router)
     shovels.start()

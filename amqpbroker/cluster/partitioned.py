@@ -266,8 +266,16 @@ class FanInConsumer:
         self.draining = False
         self.late_timer: Any = None
         self.members: list[MemberReceiver] = []
+        # The client's later frames wait until its attach is answered (ClientSide.hold).
+        self.held = True
+        side.hold()
         if start:
             self.start()
+
+    def attach_answered(self) -> None:
+        if self.held:
+            self.held = False
+            self.side.unhold()
 
     # --- attach
 
@@ -287,6 +295,7 @@ class FanInConsumer:
         self.handler.refuse(self.link, cond.name, cond.description or "refused by a member's node")
         self.protocol.mark_dirty()
         self.state = "done"
+        self.attach_answered()
 
     def member_ready(self) -> None:
         if self.state != "attaching" or not all(m.attached for m in self.members):
@@ -300,6 +309,7 @@ class FanInConsumer:
         link.rcv_settle_mode = first.remote_rcv_settle_mode
         link.open()
         self.state = "open"
+        self.attach_answered()
         self.on_flow()
         self.protocol.mark_dirty()
 
@@ -484,6 +494,7 @@ class FanInConsumer:
 
     def released(self, ending: LinkEnding) -> None:
         self.gone = True
+        self.attach_answered()
         if self.late_timer is not None:
             self.late_timer.cancel()
             self.late_timer = None

@@ -39,6 +39,7 @@ from ..server.refusal import AttachRefused
 from ..server.terminus import read_source, read_target
 from .forward import ForwardedConsumer, ForwardedLink, ForwardedProducer
 from .guard import LOCKED, LookupAnswer, SubscriptionGuard, held_subscription, is_lookup
+from .info import CLUSTER_INFO_ADDRESS, ClusterInfoLink
 from .keyless import KeylessProducer
 from .lookup import LookupConsumer
 from .partitioned import FanInConsumer, PartitionedProducer, member_of
@@ -82,6 +83,7 @@ class ClientSide:
         self.late: dict[Any, ForwardedConsumer] = {}   # client pn_link_t* → link
         self.relays: dict[tuple[Any, str], RelayLink] = {}   # (client pn_session_t*, node) → link
         self.claim: PeerConnection | None = None   # the connection that holds the client-id
+        self.holding = 0   # client attaches waiting for other nodes' answers (hold / unhold)
 
     def peer(self, node: str, claim: bool = False) -> PeerConnection:
         """The client's connection to `node` (made on first use).  `claim`: it also
@@ -99,6 +101,29 @@ class ClientSide:
             if claim:
                 self.claim = peer
         return peer
+
+    # The single broker answers a connection's frames in order: an attach (with its
+    # credit) before a Declare sent after it.  An attach that waits for another node
+    # holds the client's later frames (server/engine.py pause_events) until it is
+    # answered, so nothing sent after it is answered before it.
+
+    def hold(self) -> None:
+        self.holding += 1
+        if self.holding == 1:
+            self.handler.protocol.pause_events()
+
+    def unhold(self) -> None:
+        if self.holding <= 0:
+            return
+        self.holding -= 1
+        if self.holding == 0:
+            # Never from inside the client connection's own event handling: next turn.
+            self.handler.protocol.loop.call_soon(self._resume)
+
+    def _resume(self) -> None:
+        h = self.handler
+        if self.holding == 0 and h.protocol.events_paused and not h.ended:
+            h.protocol.resume_events()
 
     def _lost(self, peer: PeerConnection) -> None:
         if self.peers.get(peer.node) is peer:
@@ -221,6 +246,8 @@ class Router:
             # of a subscription name (cluster/guard.py), answered here.
             return LookupAnswer(handler, link) if link.is_sender and is_lookup(link) else None
         shape = self._shape(link)
+        if not shape.consumer and shape.address == CLUSTER_INFO_ADDRESS:
+            return ClusterInfoLink(handler, link, self)   # cluster/info.py: answered here
         placed = place_link(shape, self.node, self.slots, self.exchanges)
         if shape.consumer and isinstance(placed, (Forward, Local, Partitioned)):
             check = self._subscription_check(handler, link, placed)
