@@ -237,6 +237,9 @@ class ClusterConfig(StrictModel):
     partitioned: list[PartitionedDecl] = Field([], description="partitioned destinations")
     redirect: bool = Field(False, description="answer a client's open with amqp:connection:redirect to the "
                            "node that owns its client-id (for failover: clients), never mid-connection")
+    handoff: bool = Field(True, description="serve --workers: a plain (not TLS, not WebSocket) client "
+                          "connection whose first link's address another worker owns is handed, socket and "
+                          "all, to that worker (docs/cluster.md); false: its links are forwarded there")
     listen_host: str = Field("127.0.0.1", description="where this node listens for the other nodes")
     listen_port: int = Field(5680, ge=0, le=65535, description="0: a free port")
     advertised: str | None = Field(None, description='"host:port" the other nodes connect to '

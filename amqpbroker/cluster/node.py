@@ -83,9 +83,16 @@ async def run_worker(settings: Settings, loop: asyncio.AbstractEventLoop, spec: 
         router = Router(server, node, slots, spec.sockets.__getitem__, secret)
         router.client_address = lambda n: (settings.host, spec.node_ports[n])
         router.redirect = settings.cluster is not None and settings.cluster.redirect
+        if settings.cluster is None or settings.cluster.handoff:
+            router.handoff_path = lambda n: _unix_path(spec.sockets[n]) + ".handoff"
         server.cluster = router
         await server.start()
         inter, where = await start_listener(server, secret, unix_path=_unix_path(spec.sockets[node]))
+        if router.handoff_path is not None:
+            from .handoff import HandoffListener
+            router.handoff_listener = HandoffListener(
+                server, router.handoff_path(node), secret,
+                lambda name: next((lst for lst in server.listeners if lst.name == name), None))
         shovels = Shovels(server, server.cluster)
         shovels.start()
         # A port of this node alone (the shared one lands anywhere): for clients and
@@ -112,6 +119,8 @@ async def run_worker(settings: Settings, loop: asyncio.AbstractEventLoop, spec: 
     await stopped.wait()
     log.info("node %s shutting down", node)
     inter.close()
+    if router.handoff_listener is not None:
+        router.handoff_listener.close()
     shovels.close()
     await server.stop()
     return 0

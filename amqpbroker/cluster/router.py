@@ -20,6 +20,7 @@ from ..core.placement import (
     LinkShape,
     Partitioned,
     PerMessage,
+    Placement,
     Refuse,
     Scatter,
     SlotMap,
@@ -30,6 +31,7 @@ from ..core.placement import (
     place_message,
 )
 from ..config import ClientIdPolicy
+from ..core.handoff import Candidate, decide as decide_handoff
 from ..core.message import JMS_DEST, MESSAGE_ANNOTATIONS
 from ..core.settlement import LinkEnding
 from ..core.subscriptions import SubscriptionKey, identity
@@ -38,6 +40,7 @@ from ..server.peer_fields import symbols
 from ..server.refusal import AttachRefused
 from ..server.terminus import read_source, read_target
 from .forward import ForwardedConsumer, ForwardedLink, ForwardedProducer
+from .handoff import HANDED_OFF, Recorder, hand_off
 from .guard import LOCKED, LookupAnswer, SubscriptionGuard, held_subscription, is_lookup
 from .info import CLUSTER_INFO_ADDRESS, ClusterInfoLink
 from .keyless import KeylessProducer
@@ -191,6 +194,10 @@ class Router:
         self.membership: Any = None
         self.redirect = False      # [cluster] redirect: opens go to their client-id's home node
         self.tls: Any = None       # [cluster] tls: connections to other nodes in TLS (cluster/tls.py)
+        # serve --workers: node → its hand-off socket (cluster/handoff.py); None: off.
+        self.handoff_path: Callable[[str], str] | None = None
+        self.handed_off_total = 0
+        self.handoff_listener: Any = None
         self.client_address: Callable[[str], tuple[str, Any]] = lambda node: ("", 0)
 
     def describe(self) -> dict:
@@ -218,6 +225,9 @@ class Router:
                 "forwarded": {"clients": len(self.sides), "connections": len(peers), "links": len(links),
                               "waiting_on_owners": waiting, "unsettled_at_clients": at_clients,
                               "links_total": self.forwarded_total},
+                "handoff": None if self.handoff_path is None else {
+                    "handed_total": self.handed_off_total,
+                    "adopted_total": getattr(self.handoff_listener, "adopted_total", 0)},
                 "inter_node_connections_in": incoming}
         if self.membership is not None:
             view["zookeeper"] = self.membership.describe()
@@ -249,6 +259,13 @@ class Router:
         if not shape.consumer and shape.address == CLUSTER_INFO_ADDRESS:
             return ClusterInfoLink(handler, link, self)   # cluster/info.py: answered here
         placed = place_link(shape, self.node, self.slots, self.exchanges)
+        recorder = getattr(handler.protocol, "handoff", None)
+        if recorder is not None and recorder.recording:
+            # The connection's first attach: hand the whole connection to the node that
+            # owns its address when nothing of it exists elsewhere (core/handoff.py).
+            if self._hand_off(handler, recorder, placed):
+                return HANDED_OFF
+            recorder.stop()
         if shape.consumer and isinstance(placed, (Forward, Local, Partitioned)):
             check = self._subscription_check(handler, link, placed)
             if check is not None:
@@ -270,6 +287,27 @@ class Router:
                 return FanInConsumer(side, handler, link, placed.members)
             return PartitionedProducer(side, handler, link, placed)
         return None
+
+    def protocol_factory(self, listener: Any, make: Callable[[], Any]) -> Callable[[], Any]:
+        """ClusterPort: a hand-off recorder in front of each client connection of a
+        plain listener, when connections may be handed between workers."""
+        if self.handoff_path is None or listener.name == NODE_LISTENER:
+            return make
+        return lambda: Recorder(make())
+
+    def _hand_off(self, handler: Any, recorder: Recorder, placed: Placement) -> bool:
+        payload = recorder.payload()
+        node, why = decide_handoff(Candidate(
+            recording=recorder.recording, owner=placed.node if isinstance(placed, Forward) else None,
+            links=handler.links, claims_elsewhere=handler in self.sides, replayable=payload is not None,
+            enabled=self.handoff_path is not None))
+        if node is None or payload is None or self.handoff_path is None:
+            log.debug("connection %s stays at node %s: %s", handler.protocol.peer, self.node, why)
+            return False
+        if hand_off(handler, payload, self.handoff_path(node), node, self.secret):
+            self.handed_off_total += 1
+            return True
+        return False
 
     @staticmethod
     def _shape(link: Any) -> LinkShape:

@@ -18,6 +18,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 
 CONFIG = """
 [cluster]
+handoff = false   # the client of n0 stays there: its link is forwarded
 partitioned = [{address = "cprices", members = 2, topic = true}]
 """
 

@@ -1,6 +1,6 @@
 """End to end: a node's cluster figures on its /metrics and GET /api/cluster, against
-`serve --workers 3` (tests/cluster_process.py; n0 owns no slot, so its clients' links
-are forwarded).  Each figure is checked moving, not only present: forwarded links and
+`serve --workers 3` (tests/cluster_process.py; n0 owns no slot, and with `[cluster]
+handoff = false` its clients stay there and their links are forwarded).  Each figure is checked moving, not only present: forwarded links and
 inter-node connections while a client uses another node's queue, deliveries waiting on
 an owner while that owner is paused (SIGSTOP), back to zero once it answers."""
 
@@ -19,14 +19,14 @@ from proton import Message
 from tests.client import connect
 from tests.cluster_process import ClusterProcess
 from tests.e2e.helpers_delivery import receiver, sender, uid
-from tests.e2e.test_cluster import owned_by
+from tests.e2e.test_cluster import NO_HANDOFF, owned_by
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    proc = ClusterProcess(tmp_path_factory.mktemp("cluster-ops") / "data").start()
+    proc = ClusterProcess(tmp_path_factory.mktemp("cluster-ops") / "data", config=NO_HANDOFF).start()
     yield proc
     proc.stop()
 
