@@ -51,6 +51,13 @@ def cluster_figures(managed: Any) -> dict[str, tuple[str, str, float]]:
         "amqpbroker_cluster_connections_in": (
             "gauge", "Connections other nodes hold to this one for their clients", view["inter_node_connections_in"]),
     }
+    handoff = view.get("handoff")
+    if handoff is not None:   # serve --workers (cluster/handoff.py)
+        out["amqpbroker_cluster_connections_handed_off_total"] = (
+            "counter", "Client connections this node handed, socket and all, to their first link's owner",
+            handoff["handed_total"])
+        out["amqpbroker_cluster_connections_adopted_total"] = (
+            "counter", "Client connections other nodes handed to this one", handoff["adopted_total"])
     zk = view.get("zookeeper")
     if zk is not None:
         for state in ZK_STATES:
