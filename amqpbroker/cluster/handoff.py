@@ -27,7 +27,8 @@ How, without the client noticing:
 What is never handed off (forwarded as before): TLS and WebSocket connections (their
 state cannot move), a connection that holds a client-id at another node
 (sole-connection-for-container), one whose first attach goes nowhere else, one that
-sent more than HANDOFF_MAX bytes or received a heartbeat before its first attach, and
+sent or was sent more than HANDOFF_MAX bytes or received a heartbeat before its first
+attach, one with output still in this node's transport buffer (not in the socket), and
 any connection when the owner's hand-off socket cannot be reached (the attach is then
 forwarded).
 """
@@ -127,6 +128,10 @@ class Recorder(asyncio.Protocol):
         """(AMQP input to replay, AMQP output already written), or None when this
         connection cannot be handed off."""
         if not self.recording:
+            return None
+        if self.real is None or self.real.get_write_buffer_size():
+            # Written to the transport but not to the socket yet: the client would never
+            # get it (our copy goes), while the owner takes it as received.
             return None
         i, o = amqp_start(self.input), amqp_start(self.output, written=True)
         if i is None or o is None:
