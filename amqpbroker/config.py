@@ -271,18 +271,35 @@ class ClusterConfig(StrictModel):
     partitioned: list[PartitionedDecl] = Field([], description="partitioned destinations")
     redirect: bool = Field(False, description="answer a client's open with amqp:connection:redirect to the "
                            "node that owns its client-id (for failover: clients), never mid-connection")
+    handoff: bool = Field(True, description="serve --workers: a plain (not TLS, not WebSocket) client "
+                          "connection whose first link's address another worker owns is handed, socket and "
+                          "all, to that worker (docs/cluster.md); false: its links are forwarded there")
     listen_host: str = Field("127.0.0.1", description="where this node listens for the other nodes")
     listen_port: int = Field(5680, ge=0, le=65535, description="0: a free port")
     advertised: str | None = Field(None, description='"host:port" the other nodes connect to '
                                    "(default: listen_host:port as bound)")
+    advertised_amqp: str | None = Field(None, description='"host:port" clients are told to reach this node at '
+                                        "(placement redirects, the Spark source); default: the AMQP listener's")
     secret: str | None = Field(None, min_length=16, description="every node proves it (HMAC) before any "
                                "AMQP frame (with zookeeper; the workers of one machine make their own)")
+    tls: bool = Field(False, description="inter-node connections in TLS, verified both ways: each node presents "
+                      "tls_cert_file and checks the other's against tls_ca_file (with zookeeper)")
+    tls_cert_file: Path | None = Field(None, description="this node's certificate (PEM; default: [tls] cert_file)")
+    tls_key_file: Path | None = Field(None, description="its private key (default: [tls] key_file)")
+    tls_ca_file: Path | None = Field(None, description="CA certificates the nodes' certificates are signed by "
+                                     "(default: [tls] client_ca_file)")
+    tls_verify_hostname: bool = Field(True, description="a node's certificate must name the host it is reached "
+                                      "at (its advertised address)")
 
     @model_validator(mode="after")
     def _member(self) -> "ClusterConfig":
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together")
         if self.zookeeper is None:
             if self.node_id or self.nodes or self.weights or self.secret:
                 raise ValueError("node_id, nodes, weights and secret go with zookeeper (a cluster of machines)")
+            if self.tls or self.tls_cert_file or self.tls_ca_file:
+                raise ValueError("tls goes with zookeeper (the workers of one machine speak over Unix sockets)")
             return self
         if self.node_id is None or self.secret is None or not self.nodes:
             raise ValueError("with zookeeper, node_id, nodes and secret are needed")

@@ -9,13 +9,16 @@ the same cores as the brokers, as in the other benches.
             N/8 x 256 B, window 1000, credit 1000), all at once, against
               workers1   `serve` alone (today's broker, nothing of the cluster loaded)
               workers2   `serve --workers 2`, clients on the shared port (the kernel
-                         puts each connection on either node: about half the links
-                         are forwarded)
+                         puts each connection on either node); a connection whose
+                         first link is the other node's is handed to it (socket and
+                         all, cluster/handoff.py)
+              forwarding the same with `[cluster] handoff = false`: such a
+                         connection stays and its links are forwarded
               placed     the same cluster, each client on its queue owner's own port
                          (what a placement redirect gives a client)
             aggregate msgs/s and the ratio to workers1 (target >= 1.6x).
-2. forwarded  one queue of node n1 of the same 2-worker cluster, reached directly
-            (n1's port) and through n0 (every link forwarded): msgs/s, the ratio
+2. forwarded  one queue of node n1 of the `handoff = false` 2-worker cluster, reached
+            directly (n1's port) and through n0 (every link forwarded): msgs/s, the ratio
             (target >= 0.5x), and each node's CPU per message (from /proc) so the
             forwarding cost per message is printed.
 3. partitioned  a topic with one shared subscription (4 consumers, 4 producer links),
@@ -151,6 +154,8 @@ partitioned = [{{address = "{PARTITIONED_TOPIC}", members = 2, topic = true}}]
 
 def run_loadgens(cmds: list[list[str]], timeout: float) -> dict:
     """Start them all at once; aggregate = every message received / the longest run."""
+    import resource
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in cmds]
     results = []
     for p in procs:
@@ -160,8 +165,10 @@ def run_loadgens(cmds: list[list[str]], timeout: float) -> dict:
     bad = [r for r in results if "error" in r or r.get("timeout")]
     received = sum(r.get("received", 0) for r in results)
     seconds = max((r.get("seconds", 0) for r in results), default=0)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)   # the load tools (waited for), not the brokers
+    client_cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     return {"rate": received / seconds if seconds else 0.0, "received": received, "runs": results,
-            "failed": len(bad)}
+            "failed": len(bad), "client_us_per_msg": client_cpu * 1e6 / received if received else 0.0}
 
 
 def queue_names(count: int, owners: tuple[str, ...]) -> list[str]:
@@ -219,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def record(name: str, result: dict) -> None:
         rows.setdefault(name, []).append(result["rate"])
+        cpu.setdefault(f"{name} (load tool)", []).append(result["client_us_per_msg"])
         runs.append({"variant": name, **result})
         note = f" ({result['failed']} loadgen runs incomplete)" if result["failed"] else ""
         print(f"  {name:<28} {result['rate']:>10,.0f} msgs/s{note}", file=sys.stderr, flush=True)
@@ -228,6 +236,10 @@ def main(argv: list[str] | None = None) -> int:
         started.append(alone)
         two = Server(args.bin, workers=2, name="workers2")
         started.append(two)
+        fwd = (Server(args.bin, workers=2, name="forwarding", config="[cluster]\nhandoff = false\n")
+               if "queues" in scenarios or "forwarded" in scenarios else None)
+        if fwd:
+            started.append(fwd)
         parts = (Server(args.bin, workers=2, name="partitioned", config=PARTITIONED_CONFIG)
                  if "partitioned" in scenarios else None)
         if parts:
@@ -236,13 +248,14 @@ def main(argv: list[str] | None = None) -> int:
         if base:
             started.append(base)
         owners = static_map(["n0", "n1"]).owners
-        pids = two.pids()
+        pids = fwd.pids() if fwd else {}
         per_queue = max(1, args.messages // args.queues)
         for rep in range(args.repeat):
             print(f"repeat {rep + 1}/{args.repeat}", file=sys.stderr, flush=True)
             if "queues" in scenarios:
                 variants = [("queues: workers1", lambda q: alone.port),
                             ("queues: workers2", lambda q: two.port),
+                            ("queues: workers2 forwarding", lambda q: fwd.port),
                             ("queues: workers2 placed", lambda q: two.nodes[owners[slot_of(q, len(owners))]])]
                 for name, port_of in rotate(variants, rep):
                     qs = queue_names(args.queues, owners)   # fresh queues, half on each node
@@ -252,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                 q = next(n for n in queue_names(2, owners) if owners[slot_of(n, len(owners))] == "n1")
                 for name, node in rotate([("forwarded: direct (n1)", "n1"), ("forwarded: through n0", "n0")], rep):
                     before = {n: cpu_ticks(p) for n, p in pids.items()}
-                    result = run_loadgens([loadgen_cmd(two.nodes[node], q, args.messages, args.size,
+                    result = run_loadgens([loadgen_cmd(fwd.nodes[node], q, args.messages, args.size,
                                                        args.timeout)], args.timeout)
                     after = {n: cpu_ticks(p) for n, p in pids.items()}
                     got = max(1, result["received"])
@@ -286,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     ratios = []
     if "queues: workers1" in rows:
         w1 = med(rows["queues: workers1"])
-        for v in ("queues: workers2", "queues: workers2 placed"):
+        for v in ("queues: workers2", "queues: workers2 forwarding", "queues: workers2 placed"):
             ratios.append((f"{v} / workers1", med(rows[v]) / w1 if w1 else 0, 1.6))
     if "forwarded: direct (n1)" in rows:
         d = med(rows["forwarded: direct (n1)"])

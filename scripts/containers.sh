@@ -4,6 +4,8 @@
 #   scripts/containers.sh up      install + start a Docker engine (host networking only)
 #   scripts/containers.sh build   base image (if absent), wheels, broker + interop images
 #   scripts/containers.sh compose the interop suite against the broker container (compose.yaml)
+#   scripts/containers.sh compose-cluster   the interop suite against each node of the compose
+#                                           `cluster` profile (ZooKeeper + three nodes)
 #   scripts/containers.sh down    remove containers, stop the engine we started
 #
 # No image registry is reachable on the build machines: the base image is made
@@ -15,6 +17,9 @@ cd "$(dirname "$0")/.."
 BASE_IMAGE=${BASE_IMAGE:-local/debian-py:bookworm}
 BROKER_IMAGE=${BROKER_IMAGE:-amqpbroker:local}
 INTEROP_IMAGE=${INTEROP_IMAGE:-amqpbroker-interop:local}
+ZOOKEEPER_IMAGE=${ZOOKEEPER_IMAGE:-amqpbroker-zookeeper:local}
+# The broker image's extras: kazoo for the compose `ha` and `cluster` profiles.
+BROKER_EXTRAS=${BROKER_EXTRAS:-[ha,cluster]}
 STATE=${CONTAINERS_STATE:-/tmp/amqpbroker-containers}
 SUDO=""
 if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null; then SUDO="sudo"; fi
@@ -75,14 +80,15 @@ base_image() {
 wheels() {
   log "building wheels"
   rm -rf wheelhouse
-  .venv/bin/python -m pip wheel -q . -w wheelhouse
+  .venv/bin/python -m pip wheel -q ".$BROKER_EXTRAS" -w wheelhouse
 }
 
 build() {
   base_image
   wheels
   log "building $BROKER_IMAGE"
-  docker build -q --network host --build-arg BASE_IMAGE="$BASE_IMAGE" -t "$BROKER_IMAGE" . >/dev/null
+  docker build -q --network host --build-arg BASE_IMAGE="$BASE_IMAGE" --build-arg EXTRAS="$BROKER_EXTRAS" \
+    -t "$BROKER_IMAGE" . >/dev/null
   if [ -f interop/Dockerfile ]; then
     bash interop/setup.sh >"$STATE/interop-setup.log" 2>&1 || {
       log "interop/setup.sh failed:"; tail -n 30 "$STATE/interop-setup.log" >&2; exit 1; }
@@ -133,10 +139,29 @@ compose_interop() {
   return $status
 }
 
+compose_cluster() {
+  # The interop suite against each node of the `cluster` profile (compose.yaml): three
+  # nodes and ZooKeeper ($ZOOKEEPER_IMAGE); the exit status is the runner's.
+  local project="amqpbroker-cluster-$$" status=0
+  export BROKER_IMAGE INTEROP_IMAGE ZOOKEEPER_IMAGE BASE_IMAGE
+  if ! docker image inspect "$ZOOKEEPER_IMAGE" >/dev/null 2>&1; then
+    log "no ZooKeeper image $ZOOKEEPER_IMAGE (the compose ha/cluster profiles need it)"; return 1
+  fi
+  log "compose cluster interop run (nodes on 5701-5703)"
+  compose -p "$project" --profile cluster up --no-build --abort-on-container-exit \
+    --exit-code-from interop-cluster interop-cluster || status=$?
+  if [ "$status" != 0 ]; then
+    compose -p "$project" --profile cluster logs --no-color --tail 80 node-a node-b node-c >&2 || true
+  fi
+  compose -p "$project" --profile cluster down -v >/dev/null 2>&1 || true
+  return $status
+}
+
 case "${1:-}" in
   up) engine_up ;;
   build) build ;;
   compose) compose_interop ;;
+  compose-cluster) compose_cluster ;;
   down) engine_down ;;
-  *) echo "usage: $0 up|build|compose|down" >&2; exit 2 ;;
+  *) echo "usage: $0 up|build|compose|compose-cluster|down" >&2; exit 2 ;;
 esac

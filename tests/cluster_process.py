@@ -22,6 +22,7 @@ from tests.broker_process import follow_log
 
 NODE_RE = re.compile(r"amqp-node listening on ([\d.]+):(\d+) \(node (\S+)\)")
 PID_RE = re.compile(r"\[(n\d+) pid (\d+)\]")
+MGMT_RE = re.compile(r"\[(n\d+)\] .*management listening on [\d.]+:(\d+)")
 
 
 class ClusterProcess:
@@ -82,6 +83,23 @@ class ClusterProcess:
                 if m:
                     found[m.group(3)] = int(m.group(2))
             return found
+
+    def management_ports(self) -> dict[str, int]:
+        """node → its management listener's port (each node has its own)."""
+        with self._lock:
+            found = {}
+            for line in self.lines:
+                m = MGMT_RE.search(line)
+                if m:
+                    found[m.group(1)] = int(m.group(2))
+            return found
+
+    def get(self, node: str, path: str) -> str:
+        """GET `path` on a node's management listener (anonymous on loopback)."""
+        import urllib.request
+        url = f"http://127.0.0.1:{self.management_ports()[node]}{path}"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.read().decode()
 
     def wait_nodes(self, timeout: float = 40.0, after: int = 0) -> None:
         deadline = time.monotonic() + timeout
@@ -175,9 +193,10 @@ class ZkCluster:
     dead_letter_wait = 10.0
 
     def __init__(self, base: Path, config: str | None = None, nodes: tuple[str, ...] = ("a", "b", "c"),
-                 weights: str = "{ a = 0 }"):
+                 weights: str = "{ a = 0 }", cluster_extra: str = ""):
         self.base = Path(base)
         self.config_text = config or ""
+        self.cluster_extra = cluster_extra   # more [cluster] keys (one per line)
         self.node_names = nodes
         self.weights = weights
         self.host = "127.0.0.1"
@@ -190,7 +209,7 @@ class ZkCluster:
         return (self.config_text + "\n[cluster]\n"
                 f'zookeeper = "{self.zk.hosts}"\nzookeeper_session_timeout = 4.0\nname = "{self.name}"\n'
                 f'node_id = "{node}"\nnodes = [{nodes}]\nweights = {self.weights}\nlisten_port = 0\n'
-                f'secret = "{self.SECRET}"\n')
+                f'secret = "{self.SECRET}"\n' + self.cluster_extra)
 
     def start(self) -> "ZkCluster":
         try:

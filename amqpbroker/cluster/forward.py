@@ -63,6 +63,15 @@ class ForwardedLink:
         self.max_message_size = handler.server.settings.limits.max_message_size
         self.finished = False
         self.free_client = False     # both ends of the client link detached: free it when done
+        # The client's later frames wait until its attach is answered (ClientSide.hold).
+        self.held = True
+        side.hold()
+
+    def attach_answered(self) -> None:
+        """The client's attach is answered (or moot): its later frames may go on."""
+        if self.held:
+            self.held = False
+            self.side.unhold()
 
     # ------------------------------------------------------------------ attach
 
@@ -78,7 +87,7 @@ class ForwardedLink:
         if size:
             lib.pn_link_set_max_message_size(m._impl, size)
         props = lib.pn_link_remote_properties(self.impl)
-        if props != ffi.NULL and lib.pn_data_size(props):
+        if props != ffi.NULL:   # NULL: the client sent none
             lib.pn_data_copy(lib.pn_link_properties(m._impl), props)
         m.open()
         self.mirror, self.mimpl, self.mirror_session = m, m._impl, ssn
@@ -104,6 +113,7 @@ class ForwardedLink:
         link.open()
         self.state = "open"
         self.opened()
+        self.attach_answered()
         self.protocol.mark_dirty()
 
     def opened(self) -> None:
@@ -128,7 +138,7 @@ class ForwardedLink:
             if self.candidates and cond is not None and cond.name == "amqp:not-found":
                 self._try_next()
                 return
-            self._refuse_client(cond)
+            self.refuse_client(cond)
             return
         if state == "detaching":   # the answer to the client's detach
             self._answer_client(self.client_closed, cond)
@@ -147,7 +157,7 @@ class ForwardedLink:
         self.peer = self.side.peer(self.candidates.pop(0))
         self.start()
 
-    def _refuse_client(self, cond: Condition | None) -> None:
+    def refuse_client(self, cond: Condition | None) -> None:
         name = cond.name if cond is not None else "amqp:not-found"
         desc = (cond.description if cond is not None else None) or "refused by the owning node"
         h = self.handler
@@ -156,6 +166,7 @@ class ForwardedLink:
         h.refuse(self.link, name, desc)
         self.protocol.mark_dirty()
         self.state = "done"
+        self.attach_answered()
         self._finish()
 
     def _answer_client(self, closed: bool, cond: Condition | None) -> None:
@@ -207,6 +218,7 @@ class ForwardedLink:
         session or connection hook ends ours the same way)."""
         self.client_gone = True
         self.state = "done"
+        self.attach_answered()
         self._finish()
 
     def on_peer_lost(self, condition: Condition) -> None:
@@ -217,7 +229,7 @@ class ForwardedLink:
             return
         cond = Condition(UNAVAILABLE, condition.description or "the owning node is not available")
         if self.state == "attaching":
-            self._refuse_client(cond)
+            self.refuse_client(cond)
             return
         if self.state == "detaching":
             self._answer_client(self.client_closed, None)

@@ -1,4 +1,4 @@
-"""One durable subscription name, one subscription, across the cluster.
+"""One subscription name, one subscription, across the cluster.
 
 A subscription lives on its topic's node (core/placement.py), so a client that
 attaches a durable subscription it already has under another topic (JMS 2.0 §6.11:
@@ -9,6 +9,20 @@ to unsubscribe: a null-source attach under the client's link name (its stored
 subscription, if any, answers), then a detach with closed=true, which deletes it when
 nobody consumes it and is refused `amqp:resource-locked` otherwise.  A lock refuses the
 client's attach with that error; anything else lets it go on.
+
+A shared non-durable subscription (JMS 2.0 §6.11, createSharedConsumer) exists only
+while it has consumers, and one that exists under another topic or selector is an
+error for a new consumer ("a JMSException will be thrown"): the single broker answers
+`amqp:resource-locked`.  Under another topic it lives on another node, so before the
+attach goes on every other node is asked with a *lookup*: the client's own link name
+and source on a link marked with the property `amqpbroker:subscription-lookup`, which
+the other node answers itself (`LookupAnswer`: the subscription's address, or a
+refusal `amqp:not-found`) without attaching anything.  Found anywhere: the client's
+attach is refused `amqp:resource-locked`, as alone.
+
+Both checks ask the nodes at the moment of the attach: two first consumers of one
+name attached at the same moment under two topics of two nodes are not seen by each
+other (docs/cluster.md, "Not done yet").
 """
 
 from __future__ import annotations
@@ -16,13 +30,20 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from proton import Condition, Link, Terminus
+from cproton import ffi, lib
+from proton import Condition, Link, Terminus, symbol
 
+from ..core.subscriptions import SubscriptionKey, identity
+from ..core.terms import ExpiryPolicy
+from ..server.refusal import AttachRefused
+from ..server.terminus import read_source
 from .deliveries import is_null
 
 log = logging.getLogger("amqpbroker.cluster")
 
 LOCKED = "amqp:resource-locked"
+NOT_FOUND = "amqp:not-found"
+LOOKUP = symbol("amqpbroker:subscription-lookup")
 
 
 class GuardLink:
@@ -83,14 +104,64 @@ class GuardLink:
         self.guard.answered(self, refusal)
 
 
-class SubscriptionGuard:
-    """Ask `nodes` about a durable subscription name; then `then(refusal or None)`."""
+class LookupLink(GuardLink):
+    """The lookup of a shared non-durable subscription on one node: found there means
+    in use there (it exists only with consumers), so the client's attach is locked."""
 
-    def __init__(self, side: Any, client_session: Any, name: str, nodes: list[str],
+    def __init__(self, guard: "SubscriptionGuard", node: str, peer: Any, client_session: Any, client_link: Link):
+        self.guard = guard
+        self.node = node
+        self.peer = peer
+        ssn = peer.session_for(client_session)
+        link = ssn.receiver(client_link.name)
+        link.source.copy(client_link.remote_source)
+        link.target.copy(client_link.remote_target)
+        link.properties = {LOOKUP: True}
+        link.open()
+        self.mirror, self.mimpl, self.mirror_session = link, link._impl, ssn
+        self.found = False
+        self.done = False
+        peer.links[link._impl] = self
+        peer.mark_dirty()
+
+    def on_peer_attach(self) -> None:
+        if is_null(self.mirror.remote_source):
+            return   # not there: the detach follows
+        self.found = True
+        self.where = self.mirror.remote_source.address
+        self.mirror.detach()
+        self.peer.mark_dirty()
+
+    def on_peer_detach(self, closed: bool, condition: Condition | None = None) -> None:
+        if not (self.mirror.state & Link.LOCAL_CLOSED):
+            self.mirror.detach()
+            self.peer.mark_dirty()
+        if self.found:
+            name = self.mirror.name.split("|", 1)[0]
+            self._done(Condition(LOCKED, f"shared subscription '{name}' is in use with a different topic "
+                                         f"('{self.where}' on node {self.node})"))
+        else:
+            self._done(None)
+
+    def on_peer_lost(self, condition: Condition) -> None:
+        log.warning("node %s not asked about shared subscription '%s' before its attach: %s", self.node,
+                    self.mirror.name, condition.description)
+        self._done(None)
+
+
+class SubscriptionGuard:
+    """Ask `nodes` about the subscription a client's consumer attach names (durable:
+    delete an unused one there; shared non-durable: is it there); then
+    `then(refusal or None)`."""
+
+    def __init__(self, side: Any, client_session: Any, link: Link, nodes: list[str], durable: bool,
                  then: Callable[[Condition | None], None]):
         self.then = then
         self.refusal: Condition | None = None
-        self.waiting = {GuardLink(self, node, side.peer(node), client_session, name) for node in nodes}
+        if durable:
+            self.waiting = {GuardLink(self, n, side.peer(n), client_session, link.name) for n in nodes}
+        else:
+            self.waiting = {LookupLink(self, n, side.peer(n), client_session, link) for n in nodes}
 
     def answered(self, link: GuardLink, refusal: Condition | None) -> None:
         self.waiting.discard(link)
@@ -98,3 +169,62 @@ class SubscriptionGuard:
             self.refusal = refusal
         if not self.waiting:
             self.then(self.refusal)
+
+
+# ---------------------------------------------------------------------- the asked node's side
+
+
+def is_lookup(link: Link) -> bool:
+    """An attach from another node marked as a subscription lookup."""
+    props = lib.pn_link_remote_properties(link._impl)
+    if props == ffi.NULL:   # none sent (the common case: no decoding)
+        return False
+    return bool((link.remote_properties or {}).get(LOOKUP))
+
+
+def held_subscription(registry: Any, broker: Any, link: Link, container_id: str) -> Any:
+    """The subscription in use here under the lookup's name (namespace from the
+    client's container-id and source, as the subscription table reads it), or None."""
+    source = read_source(link.remote_source)
+    namespace, name, shared, _ = identity(link.name, container_id, source)
+    sub = registry.subscriptions.get(SubscriptionKey(namespace, name, source.expiry_policy is ExpiryPolicy.NEVER))
+    if sub is None or not shared:
+        return None
+    queue = broker.queues.get(sub.queue_name)
+    return sub if queue is not None and queue.consumers else None
+
+
+class LookupAnswer:
+    """This node's answer to a lookup: the subscription's address in the attach reply
+    (or a refusal `amqp:not-found`, raised as AttachRefused), then the detach.  It sits
+    in the handler's endpoints like a forwarded link; nothing is attached here."""
+
+    forwarded = True
+
+    def __init__(self, handler: Any, link: Link):
+        self.handler = handler
+        self.link = link
+        sub = held_subscription(handler.server.subscriptions, handler.server.broker, link, handler.container_id)
+        if sub is None:
+            raise AttachRefused(NOT_FOUND, f"no shared subscription '{link.name.split('|', 1)[0]}' in use here")
+        link.source.copy(link.remote_source)
+        link.source.address = f"{sub.binding.exchange}/{sub.binding.key}"
+        link.target.copy(link.remote_target)
+        link.open()
+        handler.protocol.mark_dirty()
+
+    def on_delivery(self, dlv: Any) -> None:
+        lib.pn_delivery_settle(dlv)
+
+    def on_flow(self) -> None:
+        pass
+
+    def detached(self, closed: bool) -> None:
+        link = self.link
+        if not link.state & Link.LOCAL_CLOSED:
+            link.close() if closed else link.detach()
+        self.handler.free_after_output.append(link)
+        self.handler.protocol.mark_dirty()
+
+    def released(self, ending: Any) -> None:
+        pass

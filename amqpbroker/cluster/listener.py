@@ -13,12 +13,14 @@ import asyncio
 import dataclasses
 import logging
 import socket
+import ssl
 from typing import Any
 
 from ..config import ClientIdPolicy
 from ..server.app import Listener
 from ..server.engine import AmqpProtocol
 from ..server.sasl import SaslPolicy
+from ..server.tls import tls_protocol_factory
 from . import wire
 
 log = logging.getLogger("amqpbroker.cluster")
@@ -48,6 +50,8 @@ class HandshakeProtocol(asyncio.Protocol):
         self.sock: asyncio.Transport | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.done = False
+        # Taken at accept by a TLS listener (server/tls.py): the AMQP layer's to adopt.
+        self.handshake_slot: Any = None
 
     def connection_made(self, sock: asyncio.BaseTransport) -> None:
         self.sock = sock  # type: ignore[assignment]
@@ -84,6 +88,7 @@ class HandshakeProtocol(asyncio.Protocol):
         self.sock.write(proof)
         policy = dataclasses.replace(self.listener.sasl_policy, anonymous_user=user)
         proto = AmqpProtocol(self.server, dataclasses.replace(self.listener, sasl_policy=policy))
+        proto.handshake_slot = self.handshake_slot
         self.sock.set_protocol(proto)
         proto.connection_made(self.sock)
         rest = bytes(self.buf[used:])
@@ -107,10 +112,14 @@ def unix_socket(path: str) -> socket.socket:
 
 
 async def start_listener(server: Any, secret: bytes, *, unix_path: str | None = None,
-                         host: str = "127.0.0.1", port: int = 0) -> tuple[asyncio.AbstractServer, str]:
-    """Start the inter-node listener; returns it and the address it took."""
+                         host: str = "127.0.0.1", port: int = 0,
+                         ssl_context: ssl.SSLContext | None = None) -> tuple[asyncio.AbstractServer, str]:
+    """Start the inter-node listener; returns it and the address it took.  With
+    `ssl_context` (cluster/tls.py): TLS, a failed handshake logged like a client's on
+    a TLS listener (server/tls.py), the node handshake inside."""
     loop = server.loop
     lst = node_listener(host, port)
+    lst.ssl_context = ssl_context
 
     def factory() -> asyncio.Protocol:
         return HandshakeProtocol(server, lst, secret)
@@ -118,7 +127,8 @@ async def start_listener(server: Any, secret: bytes, *, unix_path: str | None = 
     if unix_path is not None:
         srv = await loop.create_unix_server(factory, sock=unix_socket(unix_path))
         return srv, "unix:" + unix_path.replace("\0", "@")
-    srv = await loop.create_server(factory, host, port, reuse_address=True)
+    make = factory if ssl_context is None else tls_protocol_factory(server, lst, factory)
+    srv = await loop.create_server(make, host, port, reuse_address=True)
     bound = srv.sockets[0].getsockname()
     lst.port = bound[1]
     return srv, f"{bound[0]}:{bound[1]}"

@@ -83,9 +83,16 @@ async def run_worker(settings: Settings, loop: asyncio.AbstractEventLoop, spec: 
         router = Router(server, node, slots, spec.sockets.__getitem__, secret)
         router.client_address = lambda n: (settings.host, spec.node_ports[n])
         router.redirect = settings.cluster is not None and settings.cluster.redirect
+        if settings.cluster is None or settings.cluster.handoff:
+            router.handoff_path = lambda n: _unix_path(spec.sockets[n]) + ".handoff"
         server.cluster = router
         await server.start()
         inter, where = await start_listener(server, secret, unix_path=_unix_path(spec.sockets[node]))
+        if router.handoff_path is not None:
+            from .handoff import HandoffListener
+            router.handoff_listener = HandoffListener(
+                server, router.handoff_path(node), secret,
+                lambda name: next((lst for lst in server.listeners if lst.name == name), None))
         shovels = Shovels(server, server.cluster)
         shovels.start()
         # A port of this node alone (the shared one lands anywhere): for clients and
@@ -112,6 +119,8 @@ async def run_worker(settings: Settings, loop: asyncio.AbstractEventLoop, spec: 
     await stopped.wait()
     log.info("node %s shutting down", node)
     inter.close()
+    if router.handoff_listener is not None:
+        router.handoff_listener.close()
     shovels.close()
     await server.stop()
     return 0
@@ -159,9 +168,15 @@ async def run_member(settings: Settings, loop: asyncio.AbstractEventLoop, config
     from .membership import Membership
     from .router import Router
     from .shovel import Shovels
+    from .tls import node_tls
 
     cfg = settings.cluster
     secret = cfg.secret.encode()
+    try:
+        tls = node_tls(settings)
+    except (ValueError, OSError) as exc:
+        log.error("cannot start node %s: %s", cfg.node_id, exc)
+        return 2
     membership = Membership(cfg, loop)
     try:
         await membership.start()
@@ -185,11 +200,13 @@ async def run_member(settings: Settings, loop: asyncio.AbstractEventLoop, config
         router = Router(server, cfg.node_id, slots, address_of, secret)
         router.serving = False            # until our live znode is held
         router.redirect = cfg.redirect
+        router.tls = tls
         router.client_address = lambda n: tuple(membership.live[n]["amqp"].rsplit(":", 1))
         router.membership = membership
         server.cluster = router
         await server.start()
-        inter, where = await start_listener(server, secret, host=cfg.listen_host, port=cfg.listen_port)
+        inter, where = await start_listener(server, secret, host=cfg.listen_host, port=cfg.listen_port,
+                                            ssl_context=tls.server if tls is not None else None)
     except (ValueError, OSError, StoreError, lmdb.Error) as exc:
         log.error("cannot start node %s: %s", cfg.node_id, exc)
         await membership.stop()
@@ -204,12 +221,13 @@ async def run_member(settings: Settings, loop: asyncio.AbstractEventLoop, config
     membership.on_change = changed
     membership.on_serving = serving
     main = server.listeners[0]
-    await membership.go_live({"inter": cfg.advertised or where, "amqp": f"{main.host}:{main.port}"})
+    amqp = cfg.advertised_amqp or f"{main.host}:{main.port}"   # what clients are told (redirects, Spark)
+    await membership.go_live({"inter": cfg.advertised or where, "amqp": amqp})
     membership.watch()
     shovels = Shovels(server, router)
     shovels.start()
-    log.info("cluster: node %s of %s, %d of %d slots, inter-node %s", cfg.node_id, ", ".join(cfg.nodes),
-             len(slots.slots_of(cfg.node_id)), slots.slots, where)
+    log.info("cluster: node %s of %s, %d of %d slots, inter-node %s%s", cfg.node_id, ", ".join(cfg.nodes),
+             len(slots.slots_of(cfg.node_id)), slots.slots, where, " (TLS)" if tls is not None else "")
     from ..cli import tune_gc
     tune_gc()
     stopped = asyncio.Event()

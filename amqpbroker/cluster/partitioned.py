@@ -50,21 +50,33 @@ def member_of(group: str | None, sticky: int, count: int) -> int:
     return zlib.crc32(group.encode("utf-8", "surrogatepass")) % count
 
 
+class Unplaced(Exception):
+    """A message that can go to no node (core/placement.py `Refuse`)."""
+
+    def __init__(self, condition: str, description: str):
+        super().__init__(description)
+        self.condition = condition
+        self.description = description
+
+
 class PartitionedProducer:
-    """A client producer link on a partitioned destination."""
+    """A client producer link on a partitioned destination (and the base of the
+    keyless exchange producer, cluster/keyless.py: `choose` says where each message
+    goes).  One sender per (target address, node) on the client connection's
+    connection to that node."""
 
     forwarded = True
 
-    def __init__(self, side: Any, handler: Any, link: Link, placed: Partitioned):
+    def __init__(self, side: Any, handler: Any, link: Link, placed: Partitioned | None):
         self.side = side
         self.handler = handler
         self.protocol = handler.protocol
         self.link = link
         self.impl = link._impl
         self.client_session = lib.pn_link_session(self.impl)
-        self.members = placed.members
-        self.sticky = random.randrange(len(self.members))
-        self.senders: dict[int, RelayLink] = {}
+        self.members = placed.members if placed is not None else ()
+        self.sticky = random.randrange(len(self.members)) if self.members else 0
+        self.senders: dict[tuple[str, str], RelayLink] = {}   # (target address, node) → its link
         self.in_order: deque[list] = deque()
         self.max_message_size = handler.server.settings.limits.max_message_size
         self.gone = False
@@ -76,13 +88,17 @@ class PartitionedProducer:
         lib.pn_link_flow(self.impl, WINDOW)
         self.protocol.mark_dirty()
 
-    def _sender(self, index: int) -> RelayLink:
-        sender = self.senders.get(index)
+    def _sender(self, address: str, node: str) -> RelayLink:
+        sender = self.senders.get((address, node))
         if sender is None or sender.peer.closed:
-            address, node = self.members[index]
-            sender = self.senders[index] = RelayLink(self.side, self.handler, self.client_session,
-                                                     self.side.peer(node), target=address)
+            sender = self.senders[(address, node)] = RelayLink(self.side, self.handler, self.client_session,
+                                                               self.side.peer(node), target=address)
         return sender
+
+    def choose(self, msg: Message) -> tuple[str, str]:
+        """(target address, node) of one message: its group's member, else the link's.
+        Raises Unplaced when it can go nowhere."""
+        return self.members[member_of(msg.group_id(), self.sticky, len(self.members))]
 
     def on_delivery(self, cdlv: Any) -> None:
         if lib.pn_delivery_aborted(cdlv):
@@ -102,12 +118,16 @@ class PartitionedProducer:
         lib.pn_link_advance(self.impl)
         slot = None if lib.pn_delivery_settled(cdlv) else self.settle_in_order(cdlv)
         try:
-            group = Message(bytes(buf)).group_id()
+            address, node = self.choose(Message(bytes(buf)))
         except MalformedMessage as exc:
             self._refused(slot, cdlv, "amqp:decode-error", str(exc))
             return
-        index = member_of(group, self.sticky, len(self.members))
-        self._sender(index).pass_on(Outgoing(cdlv, buf, (self, slot)), self.members[index][0])
+        except Unplaced as exc:
+            log.warning("connection %s: message on link '%s' rejected: %s: %s", self.protocol.peer,
+                        self.link.name, exc.condition, exc.description)
+            self._refused(slot, cdlv, exc.condition, exc.description)
+            return
+        self._sender(address, node).pass_on(Outgoing(cdlv, buf, (self, slot)), address)
         self._top_up()
 
     def _refused(self, slot: list | None, cdlv: Any, condition: str, description: str) -> None:
@@ -163,14 +183,15 @@ class PartitionedProducer:
 class MemberReceiver:
     """One member's link of a fan-in consumer (a PeerConnection link)."""
 
-    def __init__(self, fanin: "FanInConsumer", address: str, peer: Any):
+    def __init__(self, fanin: "FanInConsumer", address: str | None, peer: Any):
         self.fanin = fanin
         self.peer = peer
         link = fanin.link
         ssn = peer.session_for(fanin.client_session)
         m = ssn.receiver(link.name)
         m.source.copy(link.remote_source)
-        m.source.address = address
+        if address is not None:   # None: the client's own source (a null-source lookup)
+            m.source.address = address
         m.target.copy(link.remote_target)
         m.snd_settle_mode = link.remote_snd_settle_mode
         m.rcv_settle_mode = link.remote_rcv_settle_mode
@@ -227,13 +248,15 @@ class FanInConsumer:
 
     forwarded = True
 
-    def __init__(self, side: Any, handler: Any, link: Link, placed: Partitioned):
+    def __init__(self, side: Any, handler: Any, link: Link, targets: tuple[tuple[str | None, str], ...],
+                 start: bool = True):
         self.side = side
         self.handler = handler
         self.protocol = handler.protocol
         self.link = link
         self.impl = link._impl
         self.client_session = lib.pn_link_session(self.impl)
+        self.targets = targets         # (member address, node) each
         self.state = "attaching"       # → open → detaching → done
         self.client_closed = False
         self.gone = False
@@ -242,9 +265,37 @@ class FanInConsumer:
         self.waiting: deque[tuple[MemberReceiver, Any, bytearray]] = deque()
         self.draining = False
         self.late_timer: Any = None
-        self.members = [MemberReceiver(self, address, side.peer(node)) for address, node in placed.members]
+        self.members: list[MemberReceiver] = []
+        # The client's later frames wait until its attach is answered (ClientSide.hold).
+        self.held = True
+        side.hold()
+        if start:
+            self.start()
+
+    def attach_answered(self) -> None:
+        if self.held:
+            self.held = False
+            self.side.unhold()
 
     # --- attach
+
+    @property
+    def client_gone(self) -> bool:
+        return self.gone
+
+    def start(self) -> None:
+        """Attach on every member (after cluster/guard.py's checks, when there are some)."""
+        self.members = [MemberReceiver(self, address, self.side.peer(node)) for address, node in self.targets]
+
+    def refuse_client(self, cond: Condition | None) -> None:
+        """The client's attach refused (null source + detach with `cond`)."""
+        if self.handler.endpoints.pop(self.impl, None) is not None:
+            self.handler.links -= 1
+        cond = cond or Condition("amqp:not-found", "refused by a member's node")
+        self.handler.refuse(self.link, cond.name, cond.description or "refused by a member's node")
+        self.protocol.mark_dirty()
+        self.state = "done"
+        self.attach_answered()
 
     def member_ready(self) -> None:
         if self.state != "attaching" or not all(m.attached for m in self.members):
@@ -258,6 +309,7 @@ class FanInConsumer:
         link.rcv_settle_mode = first.remote_rcv_settle_mode
         link.open()
         self.state = "open"
+        self.attach_answered()
         self.on_flow()
         self.protocol.mark_dirty()
 
@@ -266,11 +318,7 @@ class FanInConsumer:
             return
         if self.state == "attaching":        # refused by a member: by all, for the client
             self._detach_members(True)
-            if self.handler.endpoints.pop(self.impl, None) is not None:
-                self.handler.links -= 1
-            cond = member.condition or Condition("amqp:not-found", "refused by a member's node")
-            self.handler.refuse(self.link, cond.name, cond.description or "refused by a member's node")
-            self.state = "done"
+            self.refuse_client(member.condition)
         elif self.state == "open":           # a member's node ended it: the link ends
             self._detach_members(False)
             self._answer(False, member.condition)
@@ -446,6 +494,7 @@ class FanInConsumer:
 
     def released(self, ending: LinkEnding) -> None:
         self.gone = True
+        self.attach_answered()
         if self.late_timer is not None:
             self.late_timer.cancel()
             self.late_timer = None

@@ -65,8 +65,9 @@ class PeerConnection(asyncio.Protocol):
 
     def __init__(self, server: Any, node: str, address: str, secret: bytes, *, container_id: str,
                  user: str | None, desired_capabilities: list[str], on_lost: Callable[["PeerConnection"], None],
-                 epoch: int = 0):
+                 epoch: int = 0, tls: Any = None):
         self.server = server
+        self.tls = tls                # cluster/tls.py NodeTls: TLS to a node's TCP address
         self.loop = server.loop
         self.node = node
         self.address = address
@@ -106,9 +107,14 @@ class PeerConnection(asyncio.Protocol):
             kind, where = connect_socket(self.address)
             if kind == "unix":
                 await self.loop.create_unix_connection(lambda: self, sock=where)
+            elif self.tls is not None:
+                await self.loop.create_connection(
+                    lambda: self, where[0], where[1], ssl=self.tls.client,
+                    server_hostname=where[0] if self.tls.verify_hostname else "",
+                    ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
             else:
                 await self.loop.create_connection(lambda: self, where[0], where[1])
-        except (OSError, asyncio.TimeoutError) as exc:
+        except (OSError, asyncio.TimeoutError) as exc:   # ssl.SSLError is an OSError
             self._lost(Condition("amqpbroker:resource-unavailable",
                                  f"node {self.node} cannot be reached ({self.address}): {exc}"))
 

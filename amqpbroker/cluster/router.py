@@ -15,30 +15,36 @@ from proton import Condition, symbol
 from typing import Any, Callable, Iterator
 
 from ..core.placement import (
-    NOT_IMPLEMENTED,
     Forward,
     Local,
     LinkShape,
     Partitioned,
     PerMessage,
+    Placement,
     Refuse,
     Scatter,
     SlotMap,
     UNAVAILABLE,
     client_home,
+    partition_members,
     place_link,
     place_message,
 )
 from ..config import ClientIdPolicy
+from ..core.handoff import Candidate, decide as decide_handoff
 from ..core.message import JMS_DEST, MESSAGE_ANNOTATIONS
 from ..core.settlement import LinkEnding
 from ..core.subscriptions import SubscriptionKey, identity
-from ..core.terms import CAP_TOPIC, ExpiryPolicy
+from ..core.terms import CAP_SHARED, CAP_TOPIC, ExpiryPolicy
 from ..server.peer_fields import symbols
 from ..server.refusal import AttachRefused
 from ..server.terminus import read_source, read_target
 from .forward import ForwardedConsumer, ForwardedLink, ForwardedProducer
-from .guard import LOCKED, SubscriptionGuard
+from .handoff import HANDED_OFF, Recorder, hand_off
+from .guard import LOCKED, LookupAnswer, SubscriptionGuard, held_subscription, is_lookup
+from .info import CLUSTER_INFO_ADDRESS, ClusterInfoLink
+from .keyless import KeylessProducer
+from .lookup import LookupConsumer
 from .partitioned import FanInConsumer, PartitionedProducer, member_of
 from .relay import RelayLink
 from .txn import TxnRoutes
@@ -80,6 +86,7 @@ class ClientSide:
         self.late: dict[Any, ForwardedConsumer] = {}   # client pn_link_t* → link
         self.relays: dict[tuple[Any, str], RelayLink] = {}   # (client pn_session_t*, node) → link
         self.claim: PeerConnection | None = None   # the connection that holds the client-id
+        self.holding = 0   # client attaches waiting for other nodes' answers (hold / unhold)
 
     def peer(self, node: str, claim: bool = False) -> PeerConnection:
         """The client's connection to `node` (made on first use).  `claim`: it also
@@ -92,11 +99,34 @@ class ClientSide:
             peer = PeerConnection(self.router.server, node, self.router.address_of(node), self.router.secret,
                                   container_id=h.container_id, user=h.protocol.user,
                                   desired_capabilities=desired + [SOLE_CONNECTION] * claim, on_lost=self._lost,
-                                  epoch=self.router.slots.epoch)
+                                  epoch=self.router.slots.epoch, tls=self.router.tls)
             self.peers[node] = peer
             if claim:
                 self.claim = peer
         return peer
+
+    # The single broker answers a connection's frames in order: an attach (with its
+    # credit) before a Declare sent after it.  An attach that waits for another node
+    # holds the client's later frames (server/engine.py pause_events) until it is
+    # answered, so nothing sent after it is answered before it.
+
+    def hold(self) -> None:
+        self.holding += 1
+        if self.holding == 1:
+            self.handler.protocol.pause_events()
+
+    def unhold(self) -> None:
+        if self.holding <= 0:
+            return
+        self.holding -= 1
+        if self.holding == 0:
+            # Never from inside the client connection's own event handling: next turn.
+            self.handler.protocol.loop.call_soon(self._resume)
+
+    def _resume(self) -> None:
+        h = self.handler
+        if self.holding == 0 and h.protocol.events_paused and not h.ended:
+            h.protocol.resume_events()
 
     def _lost(self, peer: PeerConnection) -> None:
         if self.peers.get(peer.node) is peer:
@@ -163,23 +193,42 @@ class Router:
         self.serving = True
         self.membership: Any = None
         self.redirect = False      # [cluster] redirect: opens go to their client-id's home node
+        self.tls: Any = None       # [cluster] tls: connections to other nodes in TLS (cluster/tls.py)
+        # serve --workers: node → its hand-off socket (cluster/handoff.py); None: off.
+        self.handoff_path: Callable[[str], str] | None = None
+        self.handed_off_total = 0
+        self.handoff_listener: Any = None
         self.client_address: Callable[[str], tuple[str, Any]] = lambda node: ("", 0)
 
     def describe(self) -> dict:
-        """GET /api/cluster: this node's view of the cluster."""
+        """GET /api/cluster (and the cluster's /metrics): this node's view of the cluster."""
         slots = self.slots
         peers = [p for side in self.sides.values() for p in side.peers.values()]
         links = [f for p in peers for f in p.links.values()]
-        waiting = sum(len(getattr(f, "sent", ()) or ()) + len(getattr(f, "unsettled", ()) or ()) for f in links)
+        # Client messages sent (or queued) to the nodes that own their addresses and
+        # not answered yet; deliveries passed on to clients and not settled by them.
+        waiting = sum(len(getattr(f, "sent", ()) or ()) + len(getattr(f, "queue", ()) or ()) for f in links)
+        at_clients = sum(len(getattr(f, "unsettled", ()) or ()) for f in links)
+        incoming = sum(1 for hs in list(self.server.handlers_by_container.values()) for h in hs
+                       if self.from_node(h))
         nodes = []
         for node in slots.nodes:
             nodes.append({"node": node, "live": slots.available(node), "slots": len(slots.slots_of(node)),
                           "here": node == self.node,
                           "connections": sum(1 for p in peers if p.node == node)})
         view = {"node": self.node, "serving": self.serving, "epoch": slots.epoch, "slots": slots.slots,
+                "slots_owned": len(slots.slots_of(self.node)), "tls": self.tls is not None,
                 "nodes": nodes, "pinned_exchanges": sorted(slots.pinned),
+                "partitioned": [{"address": key, "members": [{"address": a, "node": n} for a, n in
+                                                             partition_members(key, count, slots)]}
+                                for key, count in sorted(slots.partitioned.items())],
                 "forwarded": {"clients": len(self.sides), "connections": len(peers), "links": len(links),
-                              "waiting_on_owners": waiting, "links_total": self.forwarded_total}}
+                              "waiting_on_owners": waiting, "unsettled_at_clients": at_clients,
+                              "links_total": self.forwarded_total},
+                "handoff": None if self.handoff_path is None else {
+                    "handed_total": self.handed_off_total,
+                    "adopted_total": getattr(self.handoff_listener, "adopted_total", 0)},
+                "inter_node_connections_in": incoming}
         if self.membership is not None:
             view["zookeeper"] = self.membership.describe()
         return view
@@ -203,13 +252,24 @@ class Router:
             raise AttachRefused(UNAVAILABLE, f"node {self.node} serves nothing now (its ZooKeeper session is "
                                              f"in doubt, or it is taking its place again)")
         if self.from_node(handler):
-            return None
+            # Placed by the node that sent it: served here; or another node's lookup
+            # of a subscription name (cluster/guard.py), answered here.
+            return LookupAnswer(handler, link) if link.is_sender and is_lookup(link) else None
         shape = self._shape(link)
+        if not shape.consumer and shape.address == CLUSTER_INFO_ADDRESS:
+            return ClusterInfoLink(handler, link, self)   # cluster/info.py: answered here
         placed = place_link(shape, self.node, self.slots, self.exchanges)
-        if shape.consumer and isinstance(placed, (Forward, Local)):
-            others = self._durable_elsewhere(handler, link, placed)
-            if others:
-                return self._guarded(handler, link, placed, others)
+        recorder = getattr(handler.protocol, "handoff", None)
+        if recorder is not None and recorder.recording:
+            # The connection's first attach: hand the whole connection to the node that
+            # owns its address when nothing of it exists elsewhere (core/handoff.py).
+            if self._hand_off(handler, recorder, placed):
+                return HANDED_OFF
+            recorder.stop()
+        if shape.consumer and isinstance(placed, (Forward, Local, Partitioned)):
+            check = self._subscription_check(handler, link, placed)
+            if check is not None:
+                return self._guarded(handler, link, placed, *check)
         if isinstance(placed, Forward):
             return self._forward(handler, link, [placed.node])
         if isinstance(placed, Refuse):
@@ -217,16 +277,37 @@ class Router:
         if isinstance(placed, Scatter):
             return self._scatter(handler, link, placed)
         if isinstance(placed, PerMessage) and shape.address:
-            raise AttachRefused(NOT_IMPLEMENTED,
-                                f"a producer on exchange '{shape.address}' without a key: in a cluster the "
-                                f"key goes in the address ('{shape.address}/key') or the message's `to` "
-                                f"(anonymous relay)")
+            # An exchange without a key: each message by its subject (cluster/keyless.py).
+            self.forwarded_total += 1
+            return KeylessProducer(self.side(handler), handler, link, shape.address)
         if isinstance(placed, Partitioned):
             side = self.side(handler)
-            kind = FanInConsumer if link.is_sender else PartitionedProducer
             self.forwarded_total += 1
-            return kind(side, handler, link, placed)
+            if link.is_sender:
+                return FanInConsumer(side, handler, link, placed.members)
+            return PartitionedProducer(side, handler, link, placed)
         return None
+
+    def protocol_factory(self, listener: Any, make: Callable[[], Any]) -> Callable[[], Any]:
+        """ClusterPort: a hand-off recorder in front of each client connection of a
+        plain listener, when connections may be handed between workers."""
+        if self.handoff_path is None or listener.name == NODE_LISTENER:
+            return make
+        return lambda: Recorder(make())
+
+    def _hand_off(self, handler: Any, recorder: Recorder, placed: Placement) -> bool:
+        payload = recorder.payload()
+        node, why = decide_handoff(Candidate(
+            recording=recorder.recording, owner=placed.node if isinstance(placed, Forward) else None,
+            links=handler.links, claims_elsewhere=handler in self.sides, replayable=payload is not None,
+            enabled=self.handoff_path is not None))
+        if node is None or payload is None or self.handoff_path is None:
+            log.debug("connection %s stays at node %s: %s", handler.protocol.peer, self.node, why)
+            return False
+        if hand_off(handler, payload, self.handoff_path(node), node, self.secret):
+            self.handed_off_total += 1
+            return True
+        return False
 
     @staticmethod
     def _shape(link: Any) -> LinkShape:
@@ -247,19 +328,35 @@ class Router:
         log.debug("link '%s' of %s forwarded to node %s", link.name, handler.container_id, nodes[0])
         return fwd
 
-    def _durable_elsewhere(self, handler: Any, link: Any, placed: Any) -> list[str]:
-        """For a durable subscription attach: the other nodes that may hold a
-        subscription of that name under another topic (cluster/guard.py).  This
-        node's own is dealt with here and now."""
+    def _subscription_check(self, handler: Any, link: Any, placed: Any) -> tuple[list[str], bool] | None:
+        """For a durable or a shared non-durable subscription attach: the other nodes
+        to ask about its name (cluster/guard.py), and whether it is durable.  This
+        node's own is dealt with here and now when the subscription goes elsewhere."""
         source = read_source(link.remote_source)
-        if source.expiry_policy is not ExpiryPolicy.NEVER or source.is_null or source.dynamic:
-            return []
-        target = self.node if isinstance(placed, Local) else placed.node
-        if target != self.node:
-            self._replace_local(handler, link, source)
-        return [n for n in self.slots.nodes if n not in (target, self.node) and self.slots.available(n)]
+        if source.is_null or source.dynamic:
+            return None
+        durable = source.expiry_policy is ExpiryPolicy.NEVER
+        if not durable and not source.has(CAP_SHARED):
+            return None
+        if isinstance(placed, Local):
+            targets = {self.node}
+        elif isinstance(placed, Forward):
+            targets = {placed.node}
+        else:
+            targets = {node for _, node in placed.members}
+        if self.node not in targets:
+            self._check_local(handler, link, source, durable)
+        others = [n for n in self.slots.nodes if n not in targets and n != self.node and self.slots.available(n)]
+        return (others, durable) if others else None
 
-    def _replace_local(self, handler: Any, link: Any, source: Any) -> None:
+    def _check_local(self, handler: Any, link: Any, source: Any, durable: bool) -> None:
+        """This node's subscription of that name, its topic elsewhere: a durable one
+        unused is replaced (deleted here), one in use refuses the attach."""
+        if not durable:
+            if held_subscription(self.server.subscriptions, self.server.broker, link, handler.container_id):
+                raise AttachRefused(LOCKED, f"shared subscription '{link.name.split('|', 1)[0]}' is in use "
+                                            f"with a different topic (on node {self.node})")
+            return
         namespace, name, _, _ = identity(link.name, handler.container_id, source)
         registry = self.server.subscriptions
         sub = registry.subscriptions.get(SubscriptionKey(namespace, name, True))
@@ -272,34 +369,39 @@ class Router:
         log.info("durable subscription '%s' deleted here: attached again under a topic of another node", name)
         registry.delete(sub)
 
-    def _guarded(self, handler: Any, link: Any, placed: Any, others: list[str]) -> ForwardedLink:
+    def _guarded(self, handler: Any, link: Any, placed: Any, others: list[str], durable: bool) -> Any:
         """Ask the other nodes first (cluster/guard.py); then attach at the owner,
-        which may be this node: then through this node's own inter-node listener."""
+        which may be this node (then through this node's own inter-node listener), or
+        at every member of a partitioned topic."""
         side = self.side(handler)
-        target = self.node if isinstance(placed, Local) else placed.node
-        fwd = ForwardedConsumer(side, handler, link, side.peer(target))
+        if isinstance(placed, Partitioned):
+            fwd: Any = FanInConsumer(side, handler, link, placed.members, start=False)
+        else:
+            target = self.node if isinstance(placed, Local) else placed.node
+            fwd = ForwardedConsumer(side, handler, link, side.peer(target))
 
         def then(refusal: Any) -> None:
             if fwd.state != "attaching" or fwd.client_gone:
                 return
             if refusal is not None:
-                fwd._refuse_client(refusal)
+                fwd.refuse_client(refusal)
             else:
                 fwd.start()
 
-        SubscriptionGuard(side, fwd.client_session, link.name, others, then)
+        SubscriptionGuard(side, fwd.client_session, link, others, durable, then)
         self.forwarded_total += 1
         return fwd
 
-    def _scatter(self, handler: Any, link: Any, placed: Scatter) -> ForwardedLink | None:
-        """A null-source attach (Qpid JMS's unsubscribe): the subscription it names is
-        on one node, which the name alone does not tell; here first, then each other."""
+    def _scatter(self, handler: Any, link: Any, placed: Scatter) -> Any:
+        """A null-source attach (Qpid JMS's unsubscribe): the subscription it names may
+        be on any node, and on several (a partitioned topic's members): asked of every
+        node at once (cluster/lookup.py), this one included when it holds the name."""
         namespace, name, _, _ = identity(link.name, handler.container_id, None)
-        if SubscriptionKey(namespace, name, True) in self.server.subscriptions.subscriptions:
-            return None
         if not placed.nodes:
-            return None   # refused here: not-found
-        return self._forward(handler, link, list(placed.nodes))
+            return None   # no other node: as alone
+        here = SubscriptionKey(namespace, name, True) in self.server.subscriptions.subscriptions
+        self.forwarded_total += 1
+        return LookupConsumer(self.side(handler), handler, link, list(placed.nodes) + [self.node] * here)
 
     # ------------------------------------------------------------------ client-ids
 

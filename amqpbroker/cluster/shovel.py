@@ -25,7 +25,7 @@ from cproton import ffi, lib
 from proton import Condition
 
 from ..core.addresses import TEMP_PREFIX
-from ..core.placement import Forward, SlotMap, owning_key, slot_of
+from ..core.placement import Forward, SlotMap, member_node, owning_key, slot_of
 from ..core.queues import Outcome
 from .deliveries import Tags, is_null
 from .peer import PeerConnection
@@ -44,9 +44,11 @@ def misplaced_owner(name: str, here: str, slots: SlotMap, exchanges: Any) -> str
     if name.startswith((SUBSCRIPTION_PREFIX, TEMP_PREFIX)):
         return None
     target = owning_key(name, topic=False, exchanges=exchanges, pinned=slots.pinned)
-    if target.exchange is not None:
+    if target.exchange is not None or target.key in slots.partitioned:
         return None
-    owner = slots.owners[slot_of(target.key, slots.slots)]
+    # A member of a partitioned queue (`orders.p1`) lives on its member's node, not at
+    # the hash of its name (core/placement.py).
+    owner = member_node(target.key, slots) or slots.owners[slot_of(target.key, slots.slots)]
     return None if owner == here else owner
 
 

@@ -27,6 +27,7 @@ row in tests/core/test_placement.py):
 | dynamic source / target (temporary node)          | the creating connection's node     |
 | temporary address `amqpbroker.temp-queue.<node>.` | the node named in it               |
 | transaction coordinator, `$amqpbroker.` controls  | the node the client is on          |
+| a subscription's queue named directly (`qpidsub_/`)| the node the client is on          |
 | a partitioned address                             | its members (`partitioned`)        |
 | a connection's client-id (sole-connection-...)    | `$client-id/<container-id>`        |
 
@@ -257,16 +258,44 @@ def place_message(to: str | None, topic: bool, here: str, slots: SlotMap,
     x-opt-jms-dest), or its `subject` as the key on `exchange` (a producer that named
     an exchange without a key)."""
     if exchange is not None:
-        address = exchange if subject is None else f"{exchange}/{subject}"
-        return _place_address(address, False, False, here, slots, exchanges)
+        # The single broker's rule (core/broker.py `route`): the key is the subject,
+        # "" when there is none.
+        return _place_address(f"{exchange}/{subject or ''}", False, False, here, slots, exchanges)
     if not to:
         return LOCAL   # refused by the node itself (no `to`), as alone
     return _place_address(to, topic, False, here, slots, exchanges)
 
 
+SUBSCRIPTION_QUEUE_PREFIX = "qpidsub_/"   # core/subscriptions.py SubscriptionKey.queue_name
+
+
+def queue_members(address: str, here: str, slots: SlotMap,
+                  exchanges: Mapping[str, str]) -> tuple[tuple[str, str], ...] | None:
+    """Where the queue(s) a reader of `address` reads live, as (queue, node) pairs: its
+    owner, or each member of a partitioned queue; None when any node may hold it (a
+    subscription's queue lives beside its topic, and on each member of a partitioned
+    topic: ask every node).  Raises LookupError when it can go nowhere (wildcards)."""
+    if address.startswith(SUBSCRIPTION_QUEUE_PREFIX):
+        return None
+    placed = _place_address(address, False, True, here, slots, exchanges)
+    if isinstance(placed, Local):
+        return ((address, here),)
+    if isinstance(placed, Forward):
+        return ((address, placed.node),)
+    if isinstance(placed, Partitioned):
+        return placed.members
+    if isinstance(placed, Refuse) and placed.condition == UNAVAILABLE:
+        return ((address, slots.owner(owning_key(address, topic=False, exchanges=exchanges,
+                                                 pinned=slots.pinned).key)),)
+    raise LookupError(getattr(placed, "description", f"no queue for '{address}'"))
+
+
 def _place_address(address: str, topic: bool, consumer: bool, here: str, slots: SlotMap,
                    exchanges: Mapping[str, str]) -> Placement:
-    if address.startswith(RESERVED_PREFIX):
+    if address.startswith((RESERVED_PREFIX, SUBSCRIPTION_QUEUE_PREFIX)):
+        # Controls are the node's own; a subscription's queue named directly lives
+        # beside its topic (on each member's node for a partitioned one), not at the
+        # hash of its name: served where the client is (queue_members says where).
         return LOCAL
     node = temp_node(address)
     if node is not None:
@@ -276,9 +305,9 @@ def _place_address(address: str, topic: bool, consumer: bool, here: str, slots: 
         members = slots.partitioned.get(target.key)
         if members:
             return Partitioned(target.key, partition_members(target.key, members, slots))
-        member_node = _member_node(target.key, slots)
-        if member_node is not None:
-            return _at(member_node, target.key, here, slots)
+        members_at = member_node(target.key, slots)
+        if members_at is not None:
+            return _at(members_at, target.key, here, slots)
     if target.exchange is not None and target.routing_key is None and not consumer \
             and exchanges.get(target.exchange) != FANOUT and target.exchange not in slots.pinned:
         return PER_MESSAGE   # the key is each message's subject
@@ -314,7 +343,15 @@ def member_address(key: str, index: int) -> str:
     return f"{key}.p{index}"
 
 
-def _member_node(key: str, slots: SlotMap) -> str | None:
+def member_base(address: str, slots: SlotMap) -> str | None:
+    """The partitioned destination whose member `address` is (`amq.topic/prices.p1` →
+    `amq.topic/prices`), or None."""
+    base, dot, suffix = address.rpartition(".p")
+    count = slots.partitioned.get(base) if dot else None
+    return base if count and suffix.isdigit() and int(suffix) < count else None
+
+
+def member_node(key: str, slots: SlotMap) -> str | None:
     """The node of a member address named directly (`orders.p1`): its member's node,
     never its own hash, so every way to a member leads to the same node."""
     base, dot, suffix = key.rpartition(".p")

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from .exposition import (BrokerFigures, CounterCarry, QueueColumns, StoreFigures, SubscriptionFigures,
                          main_families, per_object_families, render)
+from .cluster import cluster_figures
 from .ha import ha_figures
 from .pacing import paced, paced_each
 
@@ -139,6 +140,7 @@ def protection_figures(managed: Any) -> dict[str, tuple[str, str, float]]:
     if alarms is not None:
         out.update(alarm_figures(alarms))
     out.update(ha_figures(managed))   # none without [ha]
+    out.update(cluster_figures(managed))   # none outside a cluster
     broker = getattr(managed, "broker", None)
     if broker is not None:
         from ..core.selectors import Stats

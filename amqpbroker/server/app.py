@@ -163,7 +163,9 @@ class BrokerServer:
         def amqp() -> asyncio.Protocol:
             return WebSocketAmqp(self, lst) if lst.websocket else AmqpProtocol(self, lst)
         if lst.ssl_context is None:
-            return amqp
+            # In a cluster: plain client connections may be handed to the node that
+            # owns their first link's address (server/ports.py ClusterPort).
+            return amqp if self.cluster is None or lst.websocket else self.cluster.protocol_factory(lst, amqp)
         return tls_protocol_factory(self, lst, amqp)
 
     def _sasl_policy(self, host: str, allow_anon: bool | None, tls: bool = False,

@@ -44,6 +44,10 @@ class ClusterPort(Protocol):
         handler goes on as alone), else the forwarded endpoint.  Raises
         server.refusal.AttachRefused when it can go nowhere (owner away)."""
 
+    def protocol_factory(self, listener: Any, make: Any) -> Any:
+        """The protocol factory of a plain AMQP listener: `make`, or one that puts a
+        hand-off recorder in front of it (cluster/handoff.py)."""
+
     def claims(self, handler: Any) -> bool:
         """Whether the client's open (admitted here) needs another node's grant of
         its client-id (sole-connection-for-container across the cluster)."""

@@ -32,6 +32,7 @@ SEQUENCE_RANGE = "amqpbroker:sequence-range"
 SEQUENCE_ANNOTATION = "x-opt-sequence"
 QUEUE_INFO_ADDRESS = "$amqpbroker.queue-info"
 ACK_ADDRESS = "$amqpbroker.ack"
+CLUSTER_INFO_ADDRESS = "$amqpbroker.cluster"
 _ACCEPTED = Delivery.ACCEPTED
 
 
@@ -337,7 +338,7 @@ class BrokerClient:
         if err is not None:
             raise err
 
-    def _request(self, address: str, properties: dict) -> dict:
+    def _request(self, address: str, properties: dict, body: bool = False) -> Any:
         e = self.engine
         if self._replies is None:
             link = e.session.receiver(f"replies-{uuid.uuid4().hex}")
@@ -359,7 +360,7 @@ class BrokerClient:
             reply = Message()
             reply.decode(buf.popleft())
             if reply.correlation_id == mid:
-                return dict(reply.properties or {})
+                return reply.body if body else dict(reply.properties or {})
 
     # ------------------------------------------------------------------ log operations
 
@@ -370,6 +371,19 @@ class BrokerClient:
         if info.get("status-code") != 200:
             raise BrokerError("amqp:not-found", str(info.get("status-description", info)))
         return info
+
+    def cluster_info(self, address: str | None = None) -> dict | None:
+        """The cluster as the broker sees it (`$amqpbroker.cluster`, cluster/info.py):
+        {'node', 'nodes': [{'node', 'live', 'amqp': 'host:port'}], and for `address`
+        'members': [[queue, node], ...] (absent: any node may hold it) and
+        'partitioned'}; None for a broker that is no node of a cluster."""
+        try:
+            self._sender(CLUSTER_INFO_ADDRESS)
+        except BrokerError as exc:
+            if exc.condition == "amqp:not-found":
+                return None   # the link refused: a single broker has no such control address
+            raise
+        return self._request(CLUSTER_INFO_ADDRESS, {"address": address} if address else {}, body=True)
 
     def ack_below(self, queue: str, below: int, reader: str) -> None:
         """Everything of `queue` below sequence `below` is processed by `reader`:
@@ -403,7 +417,11 @@ class BrokerClient:
         queue = subscription_queue(name, self.options.container_id)
         # A detach without close changes no endpoint state (proton signals it only as an
         # event): a request/response round trip shows that the broker has processed it.
-        self.queue_info(queue)
+        try:
+            self.queue_info(queue)
+        except BrokerError:
+            if self.cluster_info() is None:   # on a cluster the queue lives beside the topic
+                raise
         link.free()
         return queue
 

@@ -57,6 +57,7 @@ from ..core.codec import encode
 from ..core.message import APPLICATION_PROPERTIES, PROPERTIES
 from ..core.message import Message as CoreMessage
 from .client import BrokerClient, BrokerError, ConnectionOptions, subscription_queue
+from .cluster import Streams, query, with_url, write_target
 
 log = logging.getLogger("amqpbroker.spark")
 
@@ -127,12 +128,18 @@ class AmqpOptions:
 
 
 class RangePartition(InputPartition):
-    def __init__(self, queue: str, start: int, end: int):
-        super().__init__((queue, start, end))
+    """[start, end) of one queue; in a cluster, of one queue on one node (`url`), the
+    row's `queue` column then `<queue>@<node>` (the offsets key)."""
+
+    def __init__(self, queue: str, start: int, end: int, url: str | None = None, key: str | None = None):
+        super().__init__((queue, start, end, url))
         self.queue, self.start, self.end = queue, start, end
+        self.url = url
+        self.key = key or queue
 
 
-def split(queue: str, start: int, end: int, parts: int) -> list[RangePartition]:
+def split(queue: str, start: int, end: int, parts: int, url: str | None = None,
+          key: str | None = None) -> list[RangePartition]:
     """[start, end) in up to `parts` contiguous ranges of (nearly) equal span."""
     span = end - start
     if span <= 0:
@@ -142,7 +149,7 @@ def split(queue: str, start: int, end: int, parts: int) -> list[RangePartition]:
     out, s = [], start
     for i in range(parts):
         e = s + step + (1 if i < extra else 0)
-        out.append(RangePartition(queue, s, e))
+        out.append(RangePartition(queue, s, e, url, key))
         s = e
     return out
 
@@ -234,9 +241,9 @@ def _record_batch(pa: Any, schema: Any, types: list, rows: list[tuple]) -> Any:
 def read_partition(conn: ConnectionOptions, part: RangePartition, credit: int) -> Iterator[Any]:
     """The range of one partition as Arrow record batches."""
     def rows() -> Iterator[tuple]:
-        with BrokerClient(conn) as client:
+        with BrokerClient(with_url(conn, part.url)) as client:   # the node that holds it
             for raw in client.read_range_raw(part.queue, part.start, part.end, credit):
-                yield to_row(part.queue, raw)
+                yield to_row(part.key, raw)
 
     return arrow_batches(rows())
 
@@ -255,24 +262,40 @@ def _parse_offsets(text: str, what: str) -> dict | None:
 
 
 class _Driver:
-    """The driver-side connection (queue-info, acknowledgements), opened lazily."""
+    """The driver-side connections (queue-info, acknowledgements), opened lazily: the
+    configured broker's, and on a cluster one per node that holds a queue read
+    (spark/cluster.py).  Offsets keys: the queue names on a single broker,
+    `<queue>@<node>` on a cluster."""
 
     def __init__(self, opts: AmqpOptions):
         self.opts = opts
-        self._client: BrokerClient | None = None
+        self._clients: dict[str | None, Any] = {}
+        self._streams: Streams | None = None
 
     @property
-    def client(self) -> BrokerClient:
-        if self._client is None:
-            self._client = BrokerClient(self.opts.connection)
-        return self._client
+    def streams(self) -> Streams:
+        if self._streams is None:
+            self._streams = Streams(self.opts.connection, self.opts.need_queues(), BrokerClient)
+        return self._streams
+
+    def locate(self, key: str) -> tuple[str, str | None]:
+        """(queue, node URL or None: the configured broker) of an offsets key."""
+        stream = self.streams.locate(key)
+        return stream.queue, stream.url
+
+    def client_for(self, url: str | None) -> Any:
+        client = self._clients.get(url)
+        if client is None:
+            client = self._clients[url] = BrokerClient(with_url(self.opts.connection, url))
+        return client
 
     def infos(self) -> dict[str, dict]:
-        """queue-info of every queue; one reconnect on a lost connection (the broker
-        restarted, or closed a connection idle longer than its idle timeout)."""
+        """queue-info of every stream, each from its node; one reconnect on a lost
+        connection (the broker restarted, or closed a connection idle longer than its
+        idle timeout)."""
         for attempt in (1, 2):
             try:
-                return {q: self.client.queue_info(q) for q in self.opts.need_queues()}
+                return query(self.opts.connection, self.streams.get(), self._clients, BrokerClient)
             except BrokerError:
                 raise
             except Exception:
@@ -282,9 +305,11 @@ class _Driver:
         raise AssertionError("unreachable")
 
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        clients, self._clients = self._clients, {}
+        for client in clients.values():
+            client.close()
+        if self._streams is not None:
+            self._streams.expire()
 
 
 class AmqpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -313,13 +338,13 @@ class AmqpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         given = _parse_offsets(self.opts.starting_offsets, "startingOffsets")
         infos = self.driver.infos()
         out = {}
-        for q in self.queues:
-            if given is not None and q in given:
-                out[q] = given[q]
+        for key in sorted(infos):
+            if given is not None and key in given:
+                out[key] = given[key]
             elif self.opts.starting_offsets.strip() == "latest":
-                out[q] = int(infos[q]["tail"]) + 1
+                out[key] = int(infos[key]["tail"]) + 1
             else:
-                out[q] = int(infos[q]["head"])
+                out[key] = int(infos[key]["head"])
         return out
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -331,9 +356,11 @@ class AmqpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ends = self._target if self._target is not None else self._ends()
         budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         out = {}
-        for q in self.queues:
+        # Every stream: those of the start, and any found since (a member's node
+        # back, a subscription's queue made on a node), read from their beginning.
+        for q in sorted(set(start) | set(ends)):
             s = int(start.get(q, 0))
-            e = max(s, int(ends.get(q, s)))
+            e = max(s, int(ends.get(q, s)))   # a node away: no progress on its streams
             if budget is not None:
                 # At most `budget` rows: sequence numbers bound the row count (gaps
                 # only make a batch smaller).
@@ -350,9 +377,11 @@ class AmqpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         parts: list[InputPartition] = []
-        for q in self.queues:
-            s, e = int(start.get(q, 0)), int(end.get(q, 0))
-            parts += split(q, s, e, self.opts.num_partitions)
+        for key in sorted(end):
+            s, e = int(start.get(key, 0)), int(end.get(key, 0))
+            if e > s:
+                queue, url = self.driver.locate(key)   # a replay reads the same node's log
+                parts += split(queue, s, e, self.opts.num_partitions, url, key)
         return parts
 
     def read(self, partition: RangePartition) -> Iterator[tuple]:
@@ -362,15 +391,14 @@ class AmqpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Spark processed everything below `end`: let the broker drop it."""
         if not self.opts.ack_on_commit:
             return
-        for q in self.queues:
-            if q not in end:
-                continue
+        for key in sorted(end):
             try:
-                self.driver.client.ack_below(q, int(end[q]), self.opts.reader)
+                queue, url = self.driver.locate(key)
+                self.driver.client_for(url).ack_below(queue, int(end[key]), self.opts.reader)
             except BrokerError:
                 raise        # e.g. the queue belongs to another reader: a configuration error
             except Exception as exc:   # the broker is away: the next commit acknowledges more
-                log.warning("acknowledging %s below %s failed: %s", q, end[q], exc)
+                log.warning("acknowledging %s below %s failed: %s", key, end[key], exc)
                 self.driver.close()
 
     def stop(self) -> None:
@@ -391,15 +419,17 @@ class AmqpBatchReader(DataSourceReader):
         driver = _Driver(self.opts)
         try:
             infos = driver.infos()
+            streams = driver.streams.get()
         finally:
             driver.close()
         parts: list[InputPartition] = []
-        for q in self.queues:
-            head, tail = int(infos[q]["head"]), int(infos[q]["tail"])
-            s = starts[q] if starts and q in starts else (
+        for key in sorted(infos):
+            head, tail = int(infos[key]["head"]), int(infos[key]["tail"])
+            s = starts[key] if starts and key in starts else (
                 tail + 1 if self.opts.starting_offsets.strip() == "latest" else head)
-            e = ends[q] if ends and q in ends else tail + 1
-            parts += split(q, s, min(e, tail + 1), self.opts.num_partitions)
+            e = ends[key] if ends and key in ends else tail + 1
+            stream = streams[key]
+            parts += split(stream.queue, s, min(e, tail + 1), self.opts.num_partitions, stream.url, key)
         return parts
 
     def read(self, partition: RangePartition) -> Iterator[tuple]:
@@ -457,8 +487,11 @@ def write_rows(opts: AmqpOptions, batches: Iterator[Any], prefix: str) -> "AmqpC
     ctx = TaskContext.get()
     part = ctx.partitionId() if ctx is not None else 0
     messages = (to_message(row, f"{prefix}:{part}:{i}", opts.durable) for i, row in enumerate(_rows(batches)))
-    with BrokerClient(opts.connection) as client:
-        n = client.send(opts.queues[0], messages, window=opts.batch_size)
+    # On a cluster: the owner of the address, or member `part mod K` of a partitioned
+    # one (the same for a retried task: its ids meet that member's dedup window).
+    address, conn = write_target(opts.connection, opts.queues[0], part)
+    with BrokerClient(conn) as client:
+        n = client.send(address, messages, window=opts.batch_size)
     return AmqpCommitMessage(part, n)
 
 

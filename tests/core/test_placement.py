@@ -272,6 +272,21 @@ def test_message_row_subject_on_a_keyless_exchange_producer(slots):
         Forward("n1", f"amq.direct/{key}")
 
 
+def test_message_row_keyless_exchange_message_without_subject_has_the_empty_key(slots):
+    """As alone (core/broker.py `route`): no subject is the key ""."""
+    expected = owner_of("amq.direct/", slots)
+    placed = place_message(None, False, "n0", slots, EXCHANGES, subject=None, exchange="amq.direct")
+    assert placed == (LOCAL if expected == "n0" else Forward(expected, "amq.direct/"))
+    assert place_message(None, False, expected, slots, EXCHANGES, subject="", exchange="amq.direct") is LOCAL
+
+
+def test_message_row_keyless_exchange_subject_naming_a_partitioned_topic_goes_to_its_members():
+    base = static_map(NODES)
+    slots = SlotMap(base.owners, base.live, partitioned={"amq.topic/prices": 2})
+    placed = place_message(None, False, "n0", slots, EXCHANGES, subject="prices", exchange="amq.topic")
+    assert isinstance(placed, Partitioned) and placed.members[0][0] == "amq.topic/prices.p0"
+
+
 def test_message_row_without_to_stays_here_to_be_rejected(slots):
     assert place_message(None, False, "n0", slots, EXCHANGES) is LOCAL
 
@@ -287,3 +302,41 @@ def test_row_client_id_has_one_home_node_on_every_node(slots):
     assert client_home("app-7", slots) == client_home("app-7", static_map(NODES))   # the same everywhere
     edge = static_map(NODES, {"n0": 0})
     assert {client_home(f"app-{i}", edge) for i in range(200)} == {"n1", "n2"}
+
+
+# ---------------------------------------------------------------------- readers of queues (the Spark source)
+
+
+def test_queue_members_of_a_queue_is_its_owner(slots):
+    from amqpbroker.core.placement import queue_members
+    name = key_owned_by("n2", slots)
+    assert queue_members(name, "n0", slots, EXCHANGES) == ((name, "n2"),)
+    assert queue_members(name, "n2", slots, EXCHANGES) == ((name, "n2"),)
+
+
+def test_queue_members_of_a_partitioned_queue_are_its_members():
+    from amqpbroker.core.placement import queue_members
+    base = static_map(NODES)
+    slots = SlotMap(base.owners, base.live, partitioned={"orders": 3})
+    members = queue_members("orders", "n0", slots, EXCHANGES)
+    assert [a for a, _ in members] == ["orders.p0", "orders.p1", "orders.p2"]
+    assert sorted(n for _, n in members) == sorted(NODES)
+
+
+def test_queue_members_of_a_subscription_queue_are_anywhere(slots):
+    from amqpbroker.core.placement import queue_members
+    assert queue_members("qpidsub_/app_/sub_/durable", "n0", slots, EXCHANGES) is None
+
+
+def test_queue_members_of_an_owner_that_is_away_still_names_it(slots):
+    from amqpbroker.core.placement import queue_members
+    name = key_owned_by("n1", slots)
+    assert queue_members(name, "n0", slots.with_live({"n0", "n2"}), EXCHANGES) == ((name, "n1"),)
+
+
+def test_row_a_subscription_queue_named_directly_is_served_where_the_client_is(slots):
+    """It lives beside its topic, not at the hash of its name (a log reader connects to
+    a node that holds it: the Spark source asks each)."""
+    for address in ("qpidsub_/app_/sub_/durable", "qpidsub_/0f3e_/nondurable"):
+        assert place_link(consumer(address), "n1", slots, EXCHANGES) is LOCAL
+        assert place_link(producer(address), "n2", slots, EXCHANGES) is LOCAL

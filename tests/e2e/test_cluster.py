@@ -1,5 +1,7 @@
 """End to end: `serve --workers 3` as real processes (tests/cluster_process.py); node n0
-owns no slot, so everything a client of n0 does is forwarded (cluster/forward.py).
+owns no slot, so everything a client of n0 does is forwarded (cluster/forward.py;
+`[cluster] handoff = false`, so that connections stay on n0: test_cluster_handoff.py
+has the connections handed to their first link's owner).
 
 The JMS wire tests (test_consumer_close, test_shared_subscriptions, test_jms_features)
 also run against such a cluster; these are what they do not cover: outcomes and
@@ -37,12 +39,18 @@ from tests.e2e.jms_links import shared_consumer
 
 pytestmark = pytest.mark.e2e
 
-CONFIG = """
+NO_HANDOFF = """
+[cluster]
+handoff = false
+"""
+
+LIMITS = """
 [[queue_limits]]
 pattern = "full.#"
 max_depth = 2
 overflow = "reject"
 """
+CONFIG = NO_HANDOFF + LIMITS
 # --worker-weights 0,1,1: n1 holds slots 0-127, n2 slots 128-255.
 OWNERS = static_map(["n0", "n1", "n2"], {"n0": 0, "n1": 1, "n2": 1}).owners
 
@@ -227,7 +235,7 @@ def test_shared_durable_subscription_consumed_on_three_nodes_gets_each_message_o
 
 @pytest.fixture
 def own_cluster(tmp_path):
-    proc = ClusterProcess(tmp_path / "data")
+    proc = ClusterProcess(tmp_path / "data", config=NO_HANDOFF)   # clients stay on the node they reach
     yield proc
     proc.stop()
 

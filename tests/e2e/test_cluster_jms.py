@@ -17,7 +17,7 @@ from tests.e2e.helpers_conn import RawClient
 from tests.e2e.helpers_delivery import drain_bodies, receiver, sender, uid
 from tests.e2e.jms_links import drain_bodies as take_all
 from tests.e2e.jms_links import shared_consumer
-from tests.e2e.test_cluster import CONFIG, owned_by
+from tests.e2e.test_cluster import LIMITS as CONFIG, owned_by   # connections handed off (the default)
 
 pytestmark = pytest.mark.e2e
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import time
 import uuid
 
@@ -93,6 +94,12 @@ def test_status_through_the_api_and_the_cli(zk_cluster):
     text = io.StringIO()
     assert cluster_cli(["status", "--url", f"http://127.0.0.1:{port}"], out=text) == 0
     assert "node a (serving)" in text.getvalue() and "(this node)" in text.getvalue()
+    import urllib.request
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    figures = dict(re.findall(r"^(amqpbroker_cluster_\w+) (\S+)$", metrics, re.M))
+    assert float(figures["amqpbroker_cluster_zookeeper_connected"]) == 1
+    assert float(figures["amqpbroker_cluster_zookeeper_lost"]) == 0
+    assert float(figures["amqpbroker_cluster_slots_owned"]) == 0   # a owns nothing
 
 
 def test_a_killed_node_is_unavailable_until_it_is_back_and_loses_nothing(zk_cluster):

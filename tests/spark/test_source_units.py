@@ -44,6 +44,12 @@ class FakeDriver:
     def infos(self):
         return {q: dict(i) for q, i in self._infos.items()}
 
+    def locate(self, key):
+        return key, None          # a single broker: the key is the queue
+
+    def client_for(self, url):
+        return self.client
+
     def close(self):
         self.closed += 1
 
@@ -173,8 +179,17 @@ def test_driver_reconnects_once_after_a_lost_connection(monkeypatch):
             self.n = len(made)
             made.append(self)
 
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def cluster_info(self, address=None):
+            return None           # a single broker
+
         def queue_info(self, q):
-            if self.n == 0:
+            if self.n == 1:       # (client 0 asked whether it is a cluster)
                 raise ConnectionLost("idle timeout")
             return {"head": 1, "tail": 2}
 
@@ -183,4 +198,4 @@ def test_driver_reconnects_once_after_a_lost_connection(monkeypatch):
 
     monkeypatch.setattr(source, "BrokerClient", Flaky)
     d = source._Driver(AmqpOptions.parse({"address": "q"}))
-    assert d.infos() == {"q": {"head": 1, "tail": 2}} and len(made) == 2
+    assert d.infos() == {"q": {"head": 1, "tail": 2}} and len(made) == 4   # discovery, lost, discovery, queue-info

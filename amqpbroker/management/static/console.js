@@ -240,6 +240,7 @@ async function moveMessages(verb) {
 let timer = null;
 let busy = false;
 let haEnabled = true;   // until /api/ha says this broker runs alone: then it is not asked again
+let clusterEnabled = true;   // until /api/cluster says this broker is no node of a cluster
 let again = false;   // asked for while a refresh ran (a new filter, page, sort): run once more at once
 
 // The HA pair's state (GET /api/ha): status and role, the backup and its lag, the
@@ -254,6 +255,37 @@ async function showHa() {
   el.textContent = `HA ${ha.status} (${ha.role}, activation ${ha.activation}) · ${backup} · ZooKeeper ${zk}`;
   el.classList.toggle("degraded", zk !== "CONNECTED" || !rep || rep.peer_state !== "in-sync");
   el.hidden = false;
+}
+
+// The cluster as this node sees it (GET /api/cluster, docs/cluster.md): every node, live
+// or not, its slots and this node's connections to it; the forwarding figures; the
+// partitioned destinations.  Hidden on a broker that is no node of a cluster.
+async function showCluster() {
+  const c = await api("GET", "/api/cluster");
+  const panel = document.getElementById("cluster-panel");
+  const badge = document.getElementById("cluster-badge");
+  if (!c.enabled) { clusterEnabled = false; panel.hidden = true; badge.hidden = true; return; }
+  const live = c.nodes.filter((n) => n.live).length;
+  const zk = c.zookeeper ? ` · ZooKeeper ${c.zookeeper.session}` : "";
+  badge.textContent = `cluster node ${c.node} · ${live}/${c.nodes.length} live${c.serving ? "" : " · NOT SERVING"}`;
+  badge.classList.toggle("degraded", !c.serving || live < c.nodes.length || (c.zookeeper && c.zookeeper.session !== "CONNECTED"));
+  badge.hidden = false;
+  document.getElementById("cluster-summary").textContent =
+    `node ${c.node} · ${c.serving ? "serving" : "not serving"} · map epoch ${c.epoch} · ` +
+    `${c.slots_owned} of ${c.slots} slots here${c.tls ? " · TLS between nodes" : ""}${zk}`;
+  fill("cluster-nodes", c.nodes, (n) => el("tr", { "data-name": n.node, class: n.live ? "" : "down" },
+    el("td", {}, n.node + (n.here ? " (this node)" : "")), el("td", {}, n.live ? "live" : "away"),
+    el("td", { class: "n" }, n.slots), el("td", { class: "n" }, n.here ? "" : n.connections)), "no nodes");
+  const f = c.forwarded;
+  document.getElementById("cluster-forwarding").textContent =
+    `forwarded for ${f.clients} client(s): ${f.links} link(s) on ${f.connections} connection(s) to other nodes ` +
+    `(${f.links_total} since start) · ${f.waiting_on_owners} message(s) waiting on owners · ` +
+    `${f.unsettled_at_clients} delivery(ies) unsettled at clients · ${c.inter_node_connections_in} connection(s) from other nodes`;
+  const parts = document.getElementById("cluster-partitioned");
+  parts.hidden = !c.partitioned.length;
+  fill("cluster-partitioned", c.partitioned, (p) => el("tr", { "data-name": p.address },
+    el("td", {}, p.address), el("td", {}, p.members.map((m) => `${m.address} on ${m.node}`).join(", "))), "");
+  panel.hidden = false;
 }
 
 async function refresh() {
@@ -275,6 +307,7 @@ async function refresh() {
     alarmEl.hidden = alarms.length === 0;
     alarmEl.textContent = alarms.length ? `${alarms.join(" + ")} alarm: producers blocked` : "";
     if (haEnabled) await showHa();
+    if (clusterEnabled) await showCluster();
     const abandoned = subs.filter((s) => s.abandoned).length;
     document.getElementById("sub-count").textContent = `${subs.length}` + (abandoned ? ` · ${abandoned} abandoned` : "");
     const { queues, total, offset } = page;
