@@ -4,7 +4,8 @@
 
 Read once, when a store (or a writer process) starts; unset, the store holds None
 and each hook costs one `is not None` test per batch (nothing per message).
-Counters are per process: a replacement writer process starts counting afresh.
+Counters are per process.  The writer-side points fire in the first writer process of
+a store only: a replacement writer starts without them (LmdbStore._start_writer).
 
 points   where the error is raised
   seal          broker: sealing a batch at hand-over (LmdbStore._handoff)

@@ -55,7 +55,7 @@ from . import writer as writer_proc
 from .base import FORMAT_VERSION, QueueRecord, Snapshot, Store, StoreError
 from .batch import U32, U64, Batch
 from .channel import RESTART_BACKOFF, WriterChannel
-from .faults import Faults
+from .faults import ENV as FAULTS_ENV, Faults
 from .integrity import MARKER, RECOVERY_HINT, StoreDamaged, preflight, write_marker
 from .lock import StoreLock
 from .outbox import Outbox
@@ -83,6 +83,7 @@ class LmdbStore(WriterChannel, LmdbReads, Store):
         self.loop: Any = None
         self._lock = StoreLock(self.path)
         self._faults = Faults.from_env()        # test-only fault injection: None unless set
+        self._writers_started = 0               # writer processes started (faults go to the first)
         self._local = Batch()                  # loop thread: this turn's writes
         self._handoff_scheduled = False
         self._writer: subprocess.Popen | None = None
@@ -222,6 +223,13 @@ class LmdbStore(WriterChannel, LmdbReads, Store):
         size = self.map_size = self.env.info()["map_size"]
         root = str(Path(__file__).resolve().parents[2])   # where this amqpbroker package lives
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+        if self._writers_started and FAULTS_ENV in env:
+            # Injected faults (tests only) are events of the first writer process: its
+            # counts are its own, so a replacement would fire the same fault again at
+            # the same count, and a one-time fault would look like a writer that keeps
+            # failing (that case is tested by killing writers).
+            del env[FAULTS_ENV]
+        self._writers_started += 1
         self._writer = subprocess.Popen(
             [sys.executable, "-m", "amqpbroker.store.writer", str(self.path), str(size), str(self.max_map_size),
              "--recovered"],

@@ -121,6 +121,9 @@ def check(path: Path, out: TextIO = sys.stdout) -> int:
     return 0 if report.ok else 2
 
 
+COPY_ATTEMPTS = 5   # a hot backup starts again when the broker grows the store's map under it
+
+
 def backup(path: Path, dest: Path, compact: bool = True, out: TextIO = sys.stdout) -> int:
     """A copy of the store (running broker or not) into the new directory `dest`."""
     import lmdb
@@ -154,15 +157,24 @@ def backup(path: Path, dest: Path, compact: bool = True, out: TextIO = sys.stdou
         _err(f"cannot create {dest}: {exc}")
         return 2
     started = time.monotonic()
-    try:
-        env = lmdb.open(str(store_dir), readonly=True, create=False, max_dbs=64, readahead=False)
+    for attempt in range(COPY_ATTEMPTS):
         try:
-            env.copy(str(dest), compact=compact)
-        finally:
-            env.close()
-    except lmdb.Error as exc:
-        _err(f"copying {store_dir} failed: {exc}")
-        return 2
+            env = lmdb.open(str(store_dir), readonly=True, create=False, max_dbs=64, readahead=False)
+            try:
+                env.copy(str(dest), compact=compact)
+            finally:
+                env.close()
+            break
+        except lmdb.MapResizedError as exc:
+            # The running broker's writer grew the map while this read (LMDB: a reader
+            # adopts the new size by opening again); the partial copy is dropped.
+            (dest / DATA_FILE).unlink(missing_ok=True)
+            if attempt + 1 == COPY_ATTEMPTS:
+                _err(f"copying {store_dir} failed: the store kept growing under the copy: {exc}")
+                return 2
+        except lmdb.Error as exc:
+            _err(f"copying {store_dir} failed: {exc}")
+            return 2
     print(f"copied {store_dir} to {dest} in {time.monotonic() - started:.1f} s "
           f"({(dest / DATA_FILE).stat().st_size / MB:,.1f} MB); checking the copy", file=out)
     report = verify_in_child(dest, full=True)

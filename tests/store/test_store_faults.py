@@ -220,7 +220,7 @@ def test_a_commit_that_fails_in_the_writer_is_reported_and_its_removals_still_co
 
 def test_a_result_the_writer_cannot_write_back_is_replayed_not_lost(tmp_path, loop, monkeypatch, caplog):
     caplog.set_level(logging.INFO, STORE_LOG)
-    monkeypatch.setenv(ENV, "result-write:EPIPE@1*1")   # the second result of each writer
+    monkeypatch.setenv(ENV, "result-write:EPIPE@1*1")   # the second result of the first writer
     from amqpbroker.store.lmdb_store import LmdbStore
     store = LmdbStore(tmp_path / "store")
     store.open(loop)
