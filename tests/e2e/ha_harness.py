@@ -85,7 +85,7 @@ class ZooKeeper:
         cfg = self.dir / "zoo.cfg"
         cfg.write_text(f"tickTime=200\ndataDir={self.dir / 'data'}\nclientPort={self.port}\n"
                        "clientPortAddress=127.0.0.1\nminSessionTimeout=400\nmaxSessionTimeout=20000\n"
-                       "admin.enableServer=false\n4lw.commands.whitelist=ruok\n")
+                       "admin.enableServer=false\n4lw.commands.whitelist=ruok,dump\n")
         cp = f"{ZK_CONF}:{jar}" if ZK_CONF.exists() else str(jar)
         log = open(self.dir / "zookeeper.log", "w")
         self.proc = subprocess.Popen(["java", "-Xmx256m", "-cp", cp, f"-Dzookeeper.log.dir={self.dir}",
@@ -107,6 +107,18 @@ class ZooKeeper:
                 return s.recv(4) == b"imok"
         except OSError:
             return False
+
+    def sessions(self) -> set[str]:
+        """The ids of the sessions ZooKeeper keeps now (the `dump` four-letter word's
+        session sets): a test sees a session expire when its id leaves the set."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as s:
+            s.sendall(b"dump")
+            chunks = []
+            while chunk := s.recv(65536):
+                chunks.append(chunk)
+        text = b"".join(chunks).decode(errors="replace")
+        head, _, _ = text.partition("ephemeral nodes dump")
+        return set(re.findall(r"^\s+(0x[0-9a-f]+)\s*$", head, re.M))
 
     @property
     def hosts(self) -> str:
@@ -152,7 +164,8 @@ class HaBroker:
     def url(self) -> str:
         return f"amqp://127.0.0.1:{self.amqp_port}"
 
-    def start(self) -> "HaBroker":
+    def start(self, wait: bool = True) -> "HaBroker":
+        """Start the process; with `wait`, until it logs that it is the backup or live."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         cfg = self.data_dir.parent / f"{self.name}.toml"
         cfg.write_text(self.config)
@@ -162,7 +175,8 @@ class HaBroker:
                                       "--data-dir", str(self.data_dir), "--log-level", "info"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
-        self.wait_for_log(r"ha: (backup:|node \S+ is live)", 30)
+        if wait:
+            self.wait_for_log(r"ha: (backup:|node \S+ is live)", 30)
         return self
 
     def _read(self, proc: subprocess.Popen) -> None:
