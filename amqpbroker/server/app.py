@@ -114,6 +114,9 @@ class BrokerServer:
                                       al.check_interval)
         self.flow = FlowGate(self.loop, self.broker, self.alarms)   # who may give producers credit
         self.ha: Any = None   # with [ha]: the pair's node (amqpbroker/ha/node.py), for management
+        # With [ha]: whether this broker may accept now (ha/node.py HaNode.guard), asked
+        # before any input is read and any output written; None: always.
+        self.guard: Callable[[], bool] | None = None
         from ..management.service import Operations
         self.operations = Operations(self)                  # management API, metrics, expiry policy
         # Live reload of users, ACLs, expiry policies, queue limits (SIGHUP, POST /api/reload).
@@ -295,6 +298,8 @@ class BrokerServer:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        if self.guard is not None and not self.guard():
+            return   # HA: nothing goes out while this broker may not accept (its connections are closing)
         while self.dirty:
             batch, self.dirty = self.dirty, []
             for proto in batch:
@@ -316,6 +321,37 @@ class BrokerServer:
         self._wakeup_at = None
         self.broker.tick()
         self.flush_soon()
+
+    # ------------------------------------------------------------------ HA fencing (ha/node.py)
+
+    def close_listeners(self) -> None:
+        """New connections are refused (the sockets stop listening)."""
+        for lst in self.listeners:
+            if lst.server is not None:
+                lst.server.close()
+
+    async def reopen_listeners(self) -> None:
+        """Listen again on the same addresses."""
+        for lst in self.listeners:
+            lst.server = await self.loop.create_server(self._protocol_factory(lst), lst.host, lst.port,
+                                                       reuse_address=True)
+            log.info("%s listening on %s:%d again", lst.name, lst.host, lst.port)
+
+    def close_connections(self, condition: str, description: str) -> None:
+        """Close every connection with `condition`, writing the close now."""
+        for proto in list(self.protocols):
+            h = proto.handler
+            if h is None:
+                proto.abort()
+            elif h.opened and not h.ended:
+                h.conn.condition = Condition(condition, description)
+                h.conn.close()
+                proto.flush()
+
+    def abort_connections(self, protocols: list | None = None) -> None:
+        """Drop these connections' sockets (default: all) without a word."""
+        for proto in list(self.protocols) if protocols is None else protocols:
+            proto.abort()
 
     # ------------------------------------------------------------------ shutdown
 

@@ -103,6 +103,11 @@ class AmqpProtocol(asyncio.Protocol):
 
     def connection_made(self, sock: asyncio.BaseTransport) -> None:
         self.sock = sock  # type: ignore[assignment]
+        guard = self.server.guard
+        if guard is not None and not guard():   # HA: this broker may not accept now
+            self.closed = True
+            sock.abort()
+            return
         peer = sock.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.address = peer[0] if isinstance(peer, tuple) else source_address(self.peer)
@@ -173,6 +178,9 @@ class AmqpProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed or self._discard_input:
             return
+        guard = self.server.guard
+        if guard is not None and not guard():
+            return   # HA: this broker may not accept now (ha/node.py): its connections are being closed
         if self._held is not None:     # an authentication throttle delay runs
             if len(self._held) < 65536:
                 self._held += data
