@@ -244,6 +244,8 @@ class ReplicationServer:
 
     def _check(self) -> None:
         self._timer = self.loop.call_later(CHECK_INTERVAL, self._check)
+        if self.tracker.held:
+            return   # this broker accepts nothing now: going on alone waits until it may again
         if self._raising is None and self.tracker.timed_out(time.monotonic()):
             row = self.tracker.on_timeout()
             if PeerAction.DROP in row.actions:

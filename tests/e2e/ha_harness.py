@@ -137,10 +137,12 @@ class ZooKeeper:
             self.proc.wait()
 
 
-def pair_config(zk: ZooKeeper, cluster: str, role: str, amqp_port: int, **extra) -> str:
+def pair_config(zk: ZooKeeper, cluster: str, role: str, amqp_port: int, defaults: bool = False, **extra) -> str:
+    """A pair's broker; `defaults`: the shipped session and backup timeouts, not the tests' shorter ones."""
     lines = [f'port = {amqp_port}', "[ha]", f'role = "{role}"', f'zookeeper = "{zk.hosts}"',
-             f"zookeeper_session_timeout = {SESSION_TIMEOUT}", f'cluster = "{cluster}"', "replication_port = 0",
-             f'secret = "{SECRET}"', "backup_timeout = 2.0"]
+             f'cluster = "{cluster}"', "replication_port = 0", f'secret = "{SECRET}"']
+    if not defaults:
+        lines += [f"zookeeper_session_timeout = {SESSION_TIMEOUT}", "backup_timeout = 2.0"]
     lines += [f"{k} = {v!r}".replace("'", '"') if isinstance(v, str) else f"{k} = {str(v).lower()}"
               for k, v in extra.items()]
     return "\n".join(lines) + "\n"

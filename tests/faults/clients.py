@@ -64,6 +64,14 @@ class Ledger:
         with self.lock:
             return len(self.accepted)
 
+    def durable_accepted(self) -> set[str]:
+        with self.lock:
+            return {mid for mid in self.accepted if self.sent[mid]}
+
+    def all_received(self) -> set[str]:
+        with self.lock:
+            return set().union(*self.received.values()) if self.received else set()
+
 
 class _Failover(MessagingHandler):
     """One connection at a time to one of `urls`; the next one after a loss."""
@@ -150,9 +158,12 @@ class FailoverProducer(Outcomes, _Failover):
         self.next_n = 0
         self.resend: deque[str] = deque()
         self.in_flight: dict[object, str] = {}
+        self.no_new = threading.Event()     # finish what is in doubt, send nothing new
 
     def attach(self, container, conn):
-        return container.create_sender(conn, self.address)
+        # A link name of its own (one container runs every client: the default name,
+        # container id + address, would make two producers steal each other's link).
+        return container.create_sender(conn, self.address, name=f"{self.name}-sender")
 
     def tick(self) -> None:
         if self.rate is not None:
@@ -166,7 +177,8 @@ class FailoverProducer(Outcomes, _Failover):
     def pump(self) -> None:
         link = self.link
         while (link is not None and link.credit > 0 and len(self.in_flight) < self.window
-               and not self.stopping.is_set() and (self.rate is None or self.budget >= 1 or self.resend)):
+               and not self.stopping.is_set()
+               and (self.resend or (not self.no_new.is_set() and (self.rate is None or self.budget >= 1)))):
             if self.resend:
                 mid = self.resend.popleft()
             else:
@@ -208,7 +220,7 @@ class FailoverConsumer(_Failover):
 
     def attach(self, container, conn):
         if self.subscription is None:
-            return container.create_receiver(conn, self.address)
+            return container.create_receiver(conn, self.address, name=f"{self.name}-receiver")
         opts = SourceOptions(capabilities=["topic", "shared", "global"], durable=UNSETTLED_STATE,
                              expiry=Terminus.EXPIRE_NEVER, distribution_mode=Terminus.DIST_MODE_COPY)
         return container.create_receiver(conn, self.address,
@@ -240,9 +252,9 @@ class ClientSet:
         return self
 
     def stop_producers(self) -> None:
-        for c in self.clients:
-            if isinstance(c, FailoverProducer):
-                c.stopping.set()
+        """Producers send nothing new; what is in doubt is still sent until settled."""
+        for c in self.producers():
+            c.no_new.set()
 
     def stop(self, timeout: float = 20.0) -> None:
         for c in self.clients:
@@ -256,6 +268,11 @@ class ClientSet:
 
     def consumers(self) -> list[FailoverConsumer]:
         return [c for c in self.clients if isinstance(c, FailoverConsumer)]
+
+    def describe(self) -> str:
+        return "; ".join(f"{p.name}: {p.url} link={'up' if p.link is not None else 'down'} "
+                         f"credit={p.link.credit if p.link is not None else '-'} in flight {len(p.in_flight)}, "
+                         f"to resend {len(p.resend)}, connections {p.opened}" for p in self.producers())
 
     def unsettled(self) -> int:
         return sum(len(p.in_flight) + len(p.resend) for p in self.producers())

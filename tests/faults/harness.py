@@ -33,8 +33,15 @@ class FaultBroker(HaBroker):
         self.history: list[str] = []      # lines of earlier incarnations
         self.events: list[tuple[float, str]] = []   # (time.time(), "killed" | "started" | ...)
         self.paused = False
+        self.exits: list[int] = []       # exit statuses of incarnations that ended on their own
+        self.exit_tails: list[str] = []  # and their last log lines
+        self._killed = False
 
     def start(self, wait: bool = True) -> "FaultBroker":
+        if self.proc is not None and self.proc.poll() is not None and not self._killed:
+            self.exits.append(self.proc.returncode)
+            self.exit_tails.append("".join(self.lines[-40:]))
+        self._killed = False
         self.history.extend(self.lines)
         self.events.append((time.time(), "started"))
         super().start(wait)
@@ -59,6 +66,7 @@ class FaultBroker(HaBroker):
                 self.paused = False
             self.proc.kill()
             self.proc.wait()
+            self._killed = True
             self.events.append((time.time(), "killed"))
 
     def pause(self) -> None:
@@ -72,6 +80,13 @@ class FaultBroker(HaBroker):
             self.proc.send_signal(signal.SIGCONT)
             self.paused = False
             self.events.append((time.time(), "resumed"))
+
+    def unexpected_exits(self) -> list[int]:
+        """Exit statuses of incarnations that ended without a kill (including the current one)."""
+        out = list(self.exits)
+        if self.proc is not None and self.proc.poll() is not None and not self._killed:
+            out.append(self.proc.returncode)
+        return out
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -154,6 +169,10 @@ class FaultPair:
             time.sleep(0.1)
         raise TimeoutError(f"no broker of the pair became live in {timeout} s:\n"
                            + "\n".join(f"--- {b.name}\n" + "".join(b.all_lines()[-40:]) for b in self.brokers.values()))
+
+    def tails(self, n: int = 40) -> str:
+        return "\n".join(f"--- {b.name} (alive: {b.alive()}, listening: {b.is_listening()})\n"
+                         + "".join(ln for ln in b.all_lines()[-n:]) for b in self.brokers.values())
 
     def close(self) -> None:
         for b in self.brokers.values():
