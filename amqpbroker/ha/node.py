@@ -190,6 +190,10 @@ class HaNode:
                 follow[0] = self.loop.create_task(self._follow(info["replication"]))
         except ZkUnavailable as exc:
             log.debug("ha: backup: ZooKeeper did not answer: %s", exc)
+        except ValueError as exc:   # an activation node that does not decode: refuse to act on it
+            if str(exc) != self._last_reason:
+                self._last_reason = str(exc)
+                log.error("ha: ZooKeeper's data under %s cannot be read (%s): not contending", self.zk.root, exc)
         return False
 
     async def _follow(self, address: str) -> None:
@@ -256,17 +260,17 @@ class HaNode:
         self.replication = ReplicationServer(self.cfg, server.store, self.loop, self._raise_again,
                                              self._raise_failed, self.server_tls)
         server.store.replica = self.replication
-        timers: list[Any] = []
+        timers: list[Any] = [self.loop.call_later(TICK, self._tick), self.loop.create_task(self._renew())]
         try:
             self._open_window("activated")
-            await server.start()
+            await server.start()       # (the lease is renewed meanwhile: recovery may take a while)
+            if self.fence.state is not LiveState.OPEN:
+                server.close_listeners()   # fenced while starting: they open again once re-validated
             server.store.put_record("meta", ACTIVATION_KEY, str(self.activation.seq).encode())
             await self.replication.start()
             amqp = server.listeners[0]
             await self.zk.publish({"node": self.state.node_id, "replication": self.replication.address,
                                    "amqp": f"{amqp.host}:{amqp.port}"})
-            timers.append(self.loop.call_later(TICK, self._tick))
-            timers.append(self.loop.create_task(self._renew()))
             stop = self.loop.create_task(self.stopped.wait())
             demoted = self.loop.create_task(self._demoted.wait())
             timers += [stop, demoted]
@@ -274,6 +278,11 @@ class HaNode:
             return self._demoted.is_set() and not self.stopped.is_set()
         except ZkUnavailable as exc:   # publishing failed: ZooKeeper is in doubt
             log.warning("ha: ZooKeeper did not answer while going live (%s): a backup again", exc)
+            self._demoted.set()
+            return True
+        except Exception as exc:   # a bug: the traceback, and this broker steps down rather than exits
+            log.error("ha: going live failed: %s: a backup again", exc, exc_info=exc)
+            self._demoted.set()
             return True
         finally:
             for t in timers:

@@ -173,7 +173,11 @@ class ZkSession:
 
     async def publish(self, info: dict) -> None:
         """What the backup needs to find the live broker (its lock node's data)."""
-        await self._request(lambda: self.client.set_async(self.live_path, json.dumps(info).encode()))
+        from kazoo.exceptions import NoNodeError
+        try:
+            await self._request(lambda: self.client.set_async(self.live_path, json.dumps(info).encode()))
+        except NoNodeError:
+            raise ZkUnavailable("the live lock node is gone (the session expired)") from None
 
     async def release_lock(self) -> None:
         from kazoo.exceptions import NoNodeError

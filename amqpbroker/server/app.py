@@ -333,6 +333,8 @@ class BrokerServer:
     async def reopen_listeners(self) -> None:
         """Listen again on the same addresses."""
         for lst in self.listeners:
+            if lst.server is not None and lst.server.is_serving():
+                continue
             lst.server = await self.loop.create_server(self._protocol_factory(lst), lst.host, lst.port,
                                                        reuse_address=True)
             log.info("%s listening on %s:%d again", lst.name, lst.host, lst.port)
