@@ -240,6 +240,7 @@ class HaNode:
             await self.zk.release_lock()
             return False
         self._lease_sent_at = sent_at       # the raise's round trip proves the session alive then
+        self.state.set_position(None, -1)   # its store follows no other broker's batches from here on
         self.activation, self.version = await self.zk.activation()
         log.warning("ha: node %s is live: activation %d (store at %d)", self.state.node_id, new.seq, stored)
         return True

@@ -89,6 +89,7 @@ class Verdict:
     windows: list[Window] = field(default_factory=list)
     overlaps: list[str] = field(default_factory=list)
     exits: dict[str, list[int]] = field(default_factory=dict)
+    details: str = ""       # log tails, for a failure's message
 
     @property
     def ok(self) -> bool:

@@ -99,7 +99,9 @@ def clients_for(pair: FaultPair, ledger: Ledger) -> tuple[ClientSet, dict[str, s
     return ClientSet(producers + consumers), streams
 
 
-def run_schedule(zookeeper: ZooKeeper, root, seed: int, seconds: float) -> None:
+def run_schedule(zookeeper: ZooKeeper, root, seed: int, seconds: float):
+    """One seed's schedule, start to verdict (tests/faults/checker.py Verdict); the
+    printed lines say what was done and what the checker found."""
     faults = schedule(seed, seconds, SESSION_TIMEOUT)
     pair = FaultPair(zookeeper, root, session_timeout=SESSION_TIMEOUT, backup_timeout=BACKUP_TIMEOUT)
     ledger = Ledger()
@@ -136,12 +138,9 @@ def run_schedule(zookeeper: ZooKeeper, root, seed: int, seconds: float) -> None:
         print(f"\nseed {seed}: {len(faults)} faults: " + "; ".join(f.describe() for f in faults))
         print("  done: " + "; ".join(what for _, what in nemesis.done))
         print(f"  {verdict.summary()}")
-        assert not verdict.lost, f"{len(verdict.lost)} Accepted durable message(s) lost: {verdict.lost[:10]}"
-        assert not verdict.overlaps, "accept windows overlap:\n" + "\n".join(verdict.overlaps)
-        assert not any(verdict.exits.values()), (f"broker processes ended on their own: {verdict.exits}\n"
-                                                 + "\n".join(t for b in pair.brokers.values() for t in b.exit_tails)
-                                                 + "\n" + pair.tails())
-        assert verdict.accepted_durable > 0
+        verdict.details = ("\n".join(t for b in pair.brokers.values() for t in b.exit_tails) + "\n"
+                           + pair.tails())
+        return verdict
     finally:
         nemesis.stop.set()
         try:
@@ -153,4 +152,8 @@ def run_schedule(zookeeper: ZooKeeper, root, seed: int, seconds: float) -> None:
 
 @pytest.mark.parametrize("seed", range(FIRST_SEED, FIRST_SEED + SCHEDULES))
 def test_nemesis_schedule(zookeeper, tmp_path, seed):
-    run_schedule(zookeeper, tmp_path, seed, SECONDS)
+    verdict = run_schedule(zookeeper, tmp_path, seed, SECONDS)
+    assert verdict.accepted_durable > 0
+    assert not verdict.lost, f"{len(verdict.lost)} Accepted durable message(s) lost: {verdict.lost[:10]}"
+    assert not verdict.overlaps, "accept windows overlap:\n" + "\n".join(verdict.overlaps)
+    assert not any(verdict.exits.values()), f"broker processes ended on their own: {verdict.exits}\n{verdict.details}"
