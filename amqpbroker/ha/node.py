@@ -116,6 +116,7 @@ class HaNode:
         self.windows = 0                    # accept windows opened
         self._window_open = False
         self._demoted = asyncio.Event()
+        self._leaving = False               # the live broker is stopping: no re-validation, no reopening
         self._lease_sent_at = 0.0
         self._last_reason = ""
         self._api: Any = None
@@ -252,6 +253,7 @@ class HaNode:
         from ..server.app import BrokerServer
 
         self.status = "live"
+        self._leaving = False
         self._demoted.clear()
         self.fence = LiveFence(self.cfg.zookeeper_session_timeout, time.monotonic())
         self.fence.lease.renewed(self._lease_sent_at)
@@ -286,6 +288,7 @@ class HaNode:
             self._demoted.set()
             return True
         finally:
+            self._leaving = True
             for t in timers:
                 t.cancel()
             demoted = self._demoted.is_set()
@@ -383,9 +386,9 @@ class HaNode:
         if row.state is not before:
             log.warning("ha: live broker %s -> %s (%s)", before.value, row.state.value, event.value)
         self.replication.tracker.held = row.state is not LiveState.OPEN
-        if row.validate:
+        if row.validate and not self._leaving:
             self.loop.create_task(self._validate())
-        if row.reopen:
+        if row.reopen and not self._leaving:
             self.loop.create_task(self._reopen())
         if row.state is LiveState.DEMOTED and before is not LiveState.DEMOTED:
             self._demoted.set()
@@ -409,7 +412,7 @@ class HaNode:
         self.loop.call_later(CLOSE_GRACE, server.abort_connections, closing)
 
     async def _reopen(self) -> None:
-        if self.fence.state is not LiveState.OPEN or self.server is None:
+        if self.fence.state is not LiveState.OPEN or self.server is None or self._leaving:
             return
         self._open_window("re-validated")
         await self.server.reopen_listeners()

@@ -181,12 +181,15 @@ class ReplicationServer:
             if not await self._go_alone():
                 link.writer.close()
                 return False
+        # The plan first, then the link counts: no batch can go out ahead of it.
+        link.writer.write(wire.json_frame(wire.START, {"lineage": self.lineage, "full": plan.full,
+                                                       "first": plan.first, "reason": plan.reason}))
+        if plan.full:
+            link.queued = []   # batches wait until the copy is out
         self.link = link
         self.last_plan = plan
         log.info("ha: backup %s attached (node %s): %s", link.peer, hello.get("node"), plan.reason)
         self.store.replica_committed()   # a backup not in sync holds nothing back
-        link.writer.write(wire.json_frame(wire.START, {"lineage": self.lineage, "full": plan.full,
-                                                       "first": plan.first, "reason": plan.reason}))
         if plan.full:
             await self._copy(link, inflight, plan.first - 1)
         else:
@@ -196,7 +199,6 @@ class ReplicationServer:
 
     async def _copy(self, link: _Link, inflight: list, through: int) -> None:
         """The store copy, then the batches queued meanwhile."""
-        link.queued = []
         for number, batch in inflight:
             self.framed(number, writer_proc.frame(("batch", number, writer_proc.batch_fields(batch))))
         writer = link.writer

@@ -53,19 +53,25 @@ class Fault:
 
 
 def schedule(seed: int, seconds: float, session_timeout: float) -> list[Fault]:
+    """Faults filling `seconds` (durations and calms included; the last one shortened to fit)."""
     rng = random.Random(seed)
     faults: list[Fault] = []
     total = 0.0
     weights = [w for _, _, w in KINDS]
-    while total < seconds:
+    while True:
         kind, target, _ = rng.choices(KINDS, weights)[0]
         how = rng.choice((PARTITION, RESET)) if kind.startswith("cut") else ""
         longest = {"kill": 2.0, "pause": 3.0, "pause-zk": 2.5, "cut-repl": 3.0, "cut-zk": 3.0}[kind]
         duration = round(rng.uniform(0.3, longest * session_timeout), 2)
         calm = round(rng.uniform(1.0, 4.0), 2)
+        left = seconds - total
+        if left < 1.5:
+            return faults
+        if duration + calm > left:
+            calm = 1.0
+            duration = round(left - calm, 2)
         faults.append(Fault(kind, target, how, duration, calm))
         total += duration + calm
-    return faults
 
 
 class Nemesis:
