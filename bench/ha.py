@@ -195,8 +195,9 @@ def rejoin(zk: ZooKeeper, root: Path, a, window: bool, how: str) -> dict:
     try:
         start_pair(pair)
         live, backup = pair
-        if a.preload:
-            send_durable(live, "bench-preload", a.preload, "preload", window=500, body=b"p" * 256)
+        for start in range(0, a.preload, 20_000):   # (send_durable gives each call 60 s)
+            send_durable(live, "bench-preload", min(20_000, a.preload - start), f"preload{start}", window=500,
+                         body=b"p" * 256)
         clients = ClientSet([FailoverProducer("load", [live.url], "bench-rejoin", ledger, rate=a.rate, window=500),
                              FailoverConsumer("take", [live.url], "bench-rejoin", ledger)]).start()
         time.sleep(2)
@@ -206,6 +207,7 @@ def rejoin(zk: ZooKeeper, root: Path, a, window: bool, how: str) -> dict:
             time.sleep(a.away)
             returned = time.monotonic()
             backup.start(wait=False)
+            mark = 0       # (a new process: its log starts again)
         else:
             relay.cut(RESET)
             time.sleep(a.away)
@@ -217,7 +219,10 @@ def rejoin(zk: ZooKeeper, root: Path, a, window: bool, how: str) -> dict:
         kind = "batches only" if "sends only what this store lacks" in text else "store copy"
         m = re.findall(r"caught up in ([\d.]+) s", text)
         size = (live.data_dir / "store" / "data.mdb").stat().st_size
+        attached = logged_at(text, "attaching to the live broker")
+        in_sync = logged_at(text, "in sync with the live broker")
         return {"seconds": seconds, "kind": kind, "caught_up": float(m[-1]) if m else None,
+                "from_attach": round(in_sync - attached, 3) if attached and in_sync else None,
                 "accepted": ledger.accepted_count(), "store_bytes": size}
     finally:
         if clients is not None:
@@ -225,6 +230,16 @@ def rejoin(zk: ZooKeeper, root: Path, a, window: bool, how: str) -> dict:
         for b in pair:
             b.kill()
         relay.stop()
+
+
+def logged_at(text: str, what: str) -> float | None:
+    """The time of the last log line saying `what` (asctime, milliseconds)."""
+    import datetime
+    for line in reversed(text.splitlines()):
+        if what in line:
+            stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+            return stamp.timestamp()
+    return None
 
 
 def relay_target(broker: HaBroker) -> tuple[str, int] | None:
@@ -244,7 +259,7 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=180.0)
     ap.add_argument("--away", type=float, default=10.0, help="seconds the backup is away (rejoin)")
     ap.add_argument("--rate", type=float, default=500.0, help="durable msgs/s during the rejoin")
-    ap.add_argument("--preload", type=int, default=50_000, help="messages in the store before the rejoin")
+    ap.add_argument("--preload", type=int, default=200_000, help="messages in the store before the rejoin")
     ap.add_argument("--no-throughput", action="store_true")
     ap.add_argument("--no-rejoin", action="store_true")
     ap.add_argument("--no-rabbitmq", action="store_true", help="skip RabbitMQ durable p2p")
@@ -267,8 +282,8 @@ def main(argv=None) -> int:
                 for window in (True, False):
                     r = rejoins[(how, window)] = rejoin(zk, root, a, window, how)
                     print(f"rejoin ({how}, {'window' if window else 'no window'}): in sync {r['seconds']:.2f} s "
-                          f"after its return ({r['kind']}, caught up in {r['caught_up']} s; store "
-                          f"{r['store_bytes'] / 1e6:.1f} MB)", flush=True)
+                          f"after its return, {r['from_attach']} s after it attached ({r['kind']}, caught up in "
+                          f"{r['caught_up']} s; store {r['store_bytes'] / 1e6:.1f} MB)", flush=True)
     finally:
         zk.stop()
         shutil.rmtree(root, ignore_errors=True)
@@ -294,8 +309,10 @@ def main(argv=None) -> int:
         win, copy = rejoins.get((how, True)), rejoins.get((how, False))
         if win and copy:
             print(f"rejoin after {a.away:.0f} s away ({'backup restarted' if how == 'restart' else 'link cut'}) at "
-                  f"{a.rate:.0f} msgs/s over {a.preload:,} stored: window {win['seconds']:.2f} s ({win['kind']}), "
-                  f"full copy {copy['seconds']:.2f} s ({copy['kind']}): {copy['seconds'] / win['seconds']:.1f}x")
+                  f"{a.rate:.0f} msgs/s over {a.preload:,} stored ({win['store_bytes'] / 1e6:.0f} MB): in sync after "
+                  f"its return: window {win['seconds']:.2f} s ({win['kind']}), full copy {copy['seconds']:.2f} s "
+                  f"({copy['kind']}); after it attached: window {win['from_attach']} s, copy {copy['from_attach']} s; "
+                  f"the catch-up itself (plan to in sync): window {win['caught_up']} s, copy {copy['caught_up']} s")
     return 0
 
 

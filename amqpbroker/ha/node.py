@@ -56,6 +56,7 @@ from ..core.ha import (
     contends,
     may_activate,
 )
+from ..store.base import StoreError
 from ..store.lock import StoreLock
 from . import wire
 from .backup import BackupApplier
@@ -266,7 +267,12 @@ class HaNode:
         timers: list[Any] = [self.loop.call_later(TICK, self._tick), self.loop.create_task(self._renew())]
         try:
             self._open_window("activated")
-            await server.start()       # (the lease is renewed meanwhile: recovery may take a while)
+            try:
+                await server.start()   # (the lease is renewed meanwhile: recovery may take a while)
+            except (OSError, StoreError) as exc:   # a port in use, a store it cannot open: not to be retried
+                log.error("ha: cannot go live: %s", exc)
+                self._leaving = True
+                raise
             if self.fence.state is not LiveState.OPEN:
                 server.close_listeners()   # fenced while starting: they open again once re-validated
             server.store.put_record("meta", ACTIVATION_KEY, str(self.activation.seq).encode())
@@ -283,6 +289,8 @@ class HaNode:
             log.warning("ha: ZooKeeper did not answer while going live (%s): a backup again", exc)
             self._demoted.set()
             return True
+        except (OSError, StoreError):
+            raise
         except Exception as exc:   # a bug: the traceback, and this broker steps down rather than exits
             log.error("ha: going live failed: %s: a backup again", exc, exc_info=exc)
             self._demoted.set()
@@ -479,7 +487,6 @@ async def run_node(settings: Settings, loop: asyncio.AbstractEventLoop, config_f
     """cli.py's entry with [ha]: until SIGTERM / SIGINT.  Exits only for what cannot
     be waited out (a bad configuration, a store that cannot be opened)."""
     from ..server.app import install_signal_handlers
-    from ..store.base import StoreError
 
     stopped = asyncio.Event()
     install_signal_handlers(loop, stopped.set)

@@ -160,6 +160,7 @@ class HaBroker:
         self.proc: subprocess.Popen | None = None
         self.lines: list[str] = []
         self.ports: dict[str, int] = {}
+        self.extra_env: dict[str, str] = {}
         self._cond = threading.Condition()
 
     @property
@@ -171,7 +172,7 @@ class HaBroker:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         cfg = self.data_dir.parent / f"{self.name}.toml"
         cfg.write_text(self.config)
-        env = dict(os.environ, AMQPBROKER_MANAGEMENT__PORT="0")
+        env = {**os.environ, "AMQPBROKER_MANAGEMENT__PORT": "0", **self.extra_env}
         self.lines, self.ports = [], {}
         self.proc = subprocess.Popen([sys.executable, "-m", "amqpbroker.cli", "serve", "--config", str(cfg),
                                       "--data-dir", str(self.data_dir), "--log-level", "info"],

@@ -169,3 +169,20 @@ def test_a_backup_without_the_right_certificate_does_not_replicate(make_pair, tm
     line = b.wait_for_log(r"replication from \S+ ended: .*(CERTIFICATE_VERIFY_FAILED|certificate verify failed)", 30)
     assert line
     assert not any("in sync with the live broker" in ln for ln in b.lines)
+
+
+def test_two_brokers_on_one_machine_with_one_management_port(make_pair):
+    """The backup's management listener cannot have the port: it says why and goes on
+    replicating (and takes over when the live broker dies)."""
+    a, b = make_pair()
+    port = free_port()
+    a.extra_env = b.extra_env = {"AMQPBROKER_MANAGEMENT__PORT": str(port)}
+    a.start().wait_live()
+    b.start()
+    assert b.wait_for_log(r"management listener on .*need their own \[management\] port", 30)
+    b.wait_for_log("in sync with the live broker", 60)
+    traffic = send_durable(a, "one-port", 20, "one-port")
+    a.kill()
+    b.wait_live(30)
+    assert b.ports["management"] == port
+    assert assess(traffic, drain(b.url, "one-port")).lost == []
