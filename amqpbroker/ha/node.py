@@ -397,6 +397,7 @@ class HaNode:
         if row.validate and not self._leaving:
             self.loop.create_task(self._validate())
         if row.reopen and not self._leaving:
+            self._open_window("re-validated")   # from now on the guard lets things through
             self.loop.create_task(self._reopen())
         if row.state is LiveState.DEMOTED and before is not LiveState.DEMOTED:
             self._demoted.set()
@@ -406,23 +407,21 @@ class HaNode:
         amqp:connection:forced (CLOSE: the lease still holds, what was decided may be
         written) or dropped with nothing written (ABORT)."""
         self.fenced_total += 1
-        end = self.fence.last_ok if style is Fence.ABORT else time.monotonic()
-        self._close_window(event.value, end)
         server = self.server
         server.close_listeners()
         if style is Fence.ABORT:
-            for proto in list(server.protocols):
-                proto.abort()
+            self._close_window(event.value, self.fence.last_ok)
+            server.abort_connections()
             return
         closing = list(server.protocols)
         server.close_connections("amqp:connection:forced", "the broker stopped accepting (high availability: "
                                                             "connect to the pair's other broker)")
+        self._close_window(event.value, time.monotonic())   # after the last word written
         self.loop.call_later(CLOSE_GRACE, server.abort_connections, closing)
 
     async def _reopen(self) -> None:
         if self.fence.state is not LiveState.OPEN or self.server is None or self._leaving:
             return
-        self._open_window("re-validated")
         await self.server.reopen_listeners()
         self.replication.tracker.held = False
         self.server.store.replica_committed()

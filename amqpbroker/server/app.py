@@ -340,15 +340,17 @@ class BrokerServer:
             log.info("%s listening on %s:%d again", lst.name, lst.host, lst.port)
 
     def close_connections(self, condition: str, description: str) -> None:
-        """Close every connection with `condition`, writing the close now."""
+        """Close every connection with `condition`, writing the close now; nothing more
+        is read from them (the socket closes once the output is written)."""
         for proto in list(self.protocols):
             h = proto.handler
-            if h is None:
+            if h is None or not h.opened or h.ended:
                 proto.abort()
-            elif h.opened and not h.ended:
-                h.conn.condition = Condition(condition, description)
-                h.conn.close()
-                proto.flush()
+                continue
+            h.conn.condition = Condition(condition, description)
+            h.conn.close()
+            proto.flush()
+            proto.stop_reading()
 
     def abort_connections(self, protocols: list | None = None) -> None:
         """Drop these connections' sockets (default: all) without a word."""
