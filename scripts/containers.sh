@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 BASE_IMAGE=${BASE_IMAGE:-local/debian-py:bookworm}
 BROKER_IMAGE=${BROKER_IMAGE:-amqpbroker:local}
 INTEROP_IMAGE=${INTEROP_IMAGE:-amqpbroker-interop:local}
-ZOOKEEPER_IMAGE=${ZOOKEEPER_IMAGE:-local/zookeeper:bookworm}
+ZOOKEEPER_IMAGE=${ZOOKEEPER_IMAGE:-amqpbroker-zookeeper:local}
 STATE=${CONTAINERS_STATE:-/tmp/amqpbroker-containers}
 SUDO=""
 if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null; then SUDO="sudo"; fi
