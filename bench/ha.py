@@ -22,7 +22,8 @@ takes with the shipped defaults, and how long a backup takes to rejoin.
    without it ([ha] catch_up_window = 0: a copy of the store), in the same run.
 
 ZooKeeper and the brokers are started as the HA tests do (tests/e2e/ha_harness.py:
-the Debian zookeeper package, tickTime 200 ms).  A benchmark: it asserts nothing;
+the Debian zookeeper package, tickTime 200 ms; --zk-tick 500 as docs/ha.md's
+deployment).  A benchmark: it asserts nothing;
 figures from a busy shared machine are indicative, the ratios are the point.
 
     .venv/bin/python bench/ha.py --messages 50000 --repeat 3 --failovers 5
@@ -263,9 +264,12 @@ def main(argv=None) -> int:
     ap.add_argument("--no-throughput", action="store_true")
     ap.add_argument("--no-rejoin", action="store_true")
     ap.add_argument("--no-rabbitmq", action="store_true", help="skip RabbitMQ durable p2p")
+    ap.add_argument("--zk-tick", type=int, default=200,
+                    help="ZooKeeper tickTime in ms (docs/ha.md's deployment and compose use 500)")
     a = ap.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="bench-ha-"))
-    zk = ZooKeeper(root / "zk").start()
+    zk = ZooKeeper(root / "zk", tick_time_ms=a.zk_tick).start()
+    print(f"ZooKeeper tickTime {a.zk_tick} ms", flush=True)
     rates: dict[str, list[float]] = {}
     fo: list[tuple[float, float]] = []
     rejoins: dict[tuple[str, bool], dict] = {}

@@ -73,8 +73,9 @@ def zookeeper_jar() -> Path:
 
 
 class ZooKeeper:
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, tick_time_ms: int = 200):
         self.dir = workdir
+        self.tick_time_ms = tick_time_ms   # sessions from 2 to 100 ticks are granted
         self.port = 0
         self.proc: subprocess.Popen | None = None
 
@@ -83,8 +84,9 @@ class ZooKeeper:
         self.port = free_port()
         (self.dir / "data").mkdir(parents=True, exist_ok=True)
         cfg = self.dir / "zoo.cfg"
-        cfg.write_text(f"tickTime=200\ndataDir={self.dir / 'data'}\nclientPort={self.port}\n"
-                       "clientPortAddress=127.0.0.1\nminSessionTimeout=400\nmaxSessionTimeout=20000\n"
+        tick = self.tick_time_ms
+        cfg.write_text(f"tickTime={tick}\ndataDir={self.dir / 'data'}\nclientPort={self.port}\n"
+                       f"clientPortAddress=127.0.0.1\nminSessionTimeout={2 * tick}\nmaxSessionTimeout={100 * tick}\n"
                        "admin.enableServer=false\n4lw.commands.whitelist=ruok,dump\n")
         cp = f"{ZK_CONF}:{jar}" if ZK_CONF.exists() else str(jar)
         log = open(self.dir / "zookeeper.log", "w")
