@@ -223,20 +223,47 @@ class HaConfig(BaseModel):
 
     role: Literal["primary", "backup", "auto"] = "auto"
     zookeeper: str                                            # "host:port[,host:port...]"
-    zookeeper_session_timeout: float = Field(10.0, ge=1.0)    # seconds: failover takes about this long
+    # Seconds: a killed live broker's lock goes this long after ZooKeeper last heard
+    # from it, so failover takes about this long (+ ~1 s); a live broker stops
+    # accepting 2/3 of it after ZooKeeper's last answer.  Shorter: faster failover,
+    # but a live broker on a loaded machine or network fences itself (and clients
+    # fail over) more often.  ZooKeeper's tickTime must allow it (docs/ha.md).
+    zookeeper_session_timeout: float = Field(3.0, ge=1.0)
     cluster: str = Field("default", pattern=r"^[A-Za-z0-9_.-]+$")   # the pair's name under /amqpbroker
     node_id: str | None = None                                # default: made once, kept in the data dir
     # The replication stream between the two brokers: where this one listens for
     # its backup, and the address the backup is told (default: host:port as bound).
+    # Two brokers of a pair on one machine need two ports (and two management ports).
     replication_host: str = "127.0.0.1"
-    replication_port: int = Field(5673, ge=0, le=65535)
+    replication_port: int = Field(5691, ge=0, le=65535)
     advertised_replication: str | None = None
     # Both brokers prove knowledge of it before any store data crosses (HMAC).
     secret: str = Field(min_length=16)
     synchronous: bool = True                                  # Accepted only once the backup has it too
     # Seconds a live broker waits for a backup that stopped acknowledging (or went
-    # away) before it raises the activation sequence and goes on alone.
-    backup_timeout: float = Field(5.0, gt=0)
+    # away) before it raises the activation sequence and goes on alone: producers
+    # wait this long when the backup dies.  Shorter: a backup that stalls (an fsync,
+    # a busy machine) is given up sooner and must catch up again.
+    backup_timeout: float = Field(2.0, gt=0)
+    catch_up_window: int = Field(
+        128 << 20, ge=0,
+        description="Bytes of the most recent sealed store batches the live broker keeps in memory, so "
+                    "that a backup which comes back gets only the batches it lacks (0: always a full "
+                    "copy of the store).")
+    replication_tls: bool = Field(
+        False, description="TLS on the replication link: the live broker serves replication_cert_file / "
+                           "replication_key_file (default: [tls] cert_file / key_file), the backup checks "
+                           "it against replication_ca_file (default: that certificate file).")
+    replication_cert_file: Path | None = Field(None, description="PEM certificate of the replication listener.")
+    replication_key_file: Path | None = Field(None, description="PEM private key of the replication listener.")
+    replication_ca_file: Path | None = Field(
+        None, description="PEM CA certificates a backup accepts the live broker's replication certificate from.")
+
+    @model_validator(mode="after")
+    def _replication_tls_pair(self) -> "HaConfig":
+        if (self.replication_cert_file is None) != (self.replication_key_file is None):
+            raise ValueError("replication_cert_file and replication_key_file go together")
+        return self
 
 
 class PartitionedDecl(StrictModel):

@@ -2,8 +2,11 @@
 # Container engine and images for the compose interop run and the container tests.
 #
 #   scripts/containers.sh up      install + start a Docker engine (host networking only)
-#   scripts/containers.sh build   base image (if absent), wheels, broker + interop images
+#   scripts/containers.sh build   base images (if absent), wheels, broker + interop images
 #   scripts/containers.sh compose the interop suite against the broker container (compose.yaml)
+#   scripts/containers.sh compose-ha  the compose `ha` profile: ZooKeeper, a replicated pair (both
+#                                 healthy, the backup with its listener closed), the interop suite
+#                                 against the pair, then kill -9 of the live broker: the backup takes over
 #   scripts/containers.sh compose-cluster   the interop suite against each node of the compose
 #                                           `cluster` profile (ZooKeeper + three nodes)
 #   scripts/containers.sh down    remove containers, stop the engine we started
@@ -77,6 +80,23 @@ base_image() {
   $SUDO rm -rf "$root"
 }
 
+zookeeper_image() {
+  # ZooKeeper for the compose `ha` profile, from Debian's package (as the base image:
+  # debootstrap from the machine's mirror; no registry).
+  if docker image inspect "$ZOOKEEPER_IMAGE" >/dev/null 2>&1; then
+    return
+  fi
+  local root="$STATE/zk-rootfs" mirror
+  mirror=$(debian_mirror)
+  log "building $ZOOKEEPER_IMAGE with debootstrap (a few minutes)"
+  $SUDO rm -rf "$root"
+  $SUDO debootstrap --variant=minbase --include=zookeeper,default-jre-headless \
+    bookworm "$root" "$mirror" >"$STATE/debootstrap-zk.log" 2>&1 || {
+      log "debootstrap (zookeeper) failed:"; tail -n 30 "$STATE/debootstrap-zk.log" >&2; exit 1; }
+  $SUDO tar -C "$root" -c . | docker import - "$ZOOKEEPER_IMAGE" >/dev/null
+  $SUDO rm -rf "$root"
+}
+
 wheels() {
   log "building wheels"
   rm -rf wheelhouse
@@ -85,6 +105,7 @@ wheels() {
 
 build() {
   base_image
+  zookeeper_image
   wheels
   log "building $BROKER_IMAGE"
   docker build -q --network host --build-arg BASE_IMAGE="$BASE_IMAGE" --build-arg EXTRAS="$BROKER_EXTRAS" \
@@ -157,11 +178,65 @@ compose_cluster() {
   return $status
 }
 
+wait_healthy() {
+  # $1 project, $2.. services: until docker reports each healthy (or 120 s).
+  local project=$1 service id status
+  shift
+  for service in "$@"; do
+    for _ in $(seq 1 240); do
+      id=$(compose -p "$project" ps -q "$service")
+      status=$(docker inspect --format '{{.State.Health.Status}}' "$id" 2>/dev/null || echo none)
+      [ "$status" = healthy ] && break
+      sleep 0.5
+    done
+    log "$service: $status"
+    [ "$status" = healthy ] || return 1
+  done
+}
+
+accepts() {
+  python3 -c 'import socket, sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 2).close()' "$1" 2>/dev/null
+}
+
+compose_ha() {
+  # The `ha` profile (docs/ha.md): both brokers healthy (the backup's health check
+  # passes with its AMQP listener closed), the interop suite against the pair, then
+  # kill -9 of the live broker's container and the backup taking over.
+  local project="amqpbroker-ha-$$" status=0
+  export BROKER_IMAGE INTEROP_IMAGE ZOOKEEPER_IMAGE ZOOKEEPER_PORT HA_A_PORT HA_B_PORT HA_A_MANAGEMENT_PORT \
+    HA_B_MANAGEMENT_PORT HA_A_REPLICATION_PORT HA_B_REPLICATION_PORT
+  ZOOKEEPER_PORT=$(free_port); HA_A_PORT=$(free_port); HA_B_PORT=$(free_port)
+  HA_A_MANAGEMENT_PORT=$(free_port); HA_B_MANAGEMENT_PORT=$(free_port)
+  HA_A_REPLICATION_PORT=$(free_port); HA_B_REPLICATION_PORT=$(free_port)
+  local compose="compose -p $project --profile ha"
+  log "compose ha profile (ZooKeeper $ZOOKEEPER_PORT, brokers $HA_A_PORT / $HA_B_PORT)"
+  $compose up -d --no-build zookeeper broker-a broker-b || status=$?
+  if [ $status = 0 ] && wait_healthy "$project" zookeeper broker-a broker-b; then
+    if accepts "$HA_B_PORT"; then log "the backup's AMQP listener is open"; status=1; fi
+    [ $status = 0 ] && { $compose run --rm interop-ha || status=$?; }
+    if [ $status = 0 ]; then
+      log "kill -9 of the live broker (broker-a)"
+      $compose kill -s SIGKILL broker-a >/dev/null
+      status=1
+      for _ in $(seq 1 120); do
+        if accepts "$HA_B_PORT"; then status=0; log "broker-b took over"; break; fi
+        sleep 0.5
+      done
+    fi
+  else
+    status=1
+  fi
+  if [ $status != 0 ]; then $compose logs --tail 60 >&2 || true; fi
+  $compose down -v >/dev/null 2>&1 || true
+  return $status
+}
+
 case "${1:-}" in
   up) engine_up ;;
   build) build ;;
   compose) compose_interop ;;
+  compose-ha) compose_ha ;;
   compose-cluster) compose_cluster ;;
   down) engine_down ;;
-  *) echo "usage: $0 up|build|compose|compose-cluster|down" >&2; exit 2 ;;
+  *) echo "usage: $0 up|build|compose|compose-ha|compose-cluster|down" >&2; exit 2 ;;
 esac

@@ -1,7 +1,13 @@
-"""What a broker of a pair keeps beside its store: its node id and whether its store
-is a complete copy (`ha.json` in the data dir), and the activation sequence its
-store holds (the meta db's `ha-activation`, written through the store's batches so
-that it travels to the backup with everything else)."""
+"""What a broker of a pair keeps beside its store: its node id, whether its store is
+a complete copy, and which live broker's run of batches it follows up to which
+batch (`ha.json` in the data dir); and the activation sequence its store holds (the
+meta db's `ha-activation`, written through the store's batches so that it travels
+to the backup with everything else).
+
+The position is written only after the store committed that far (a backup's
+writer reports it), so it never claims more than the store holds: a backup that
+comes back is sent from the batch after it (core/ha.py catch_up_plan), and a few
+batches it already has are applied again, harmlessly."""
 
 from __future__ import annotations
 
@@ -19,7 +25,9 @@ STATE_FILE = "ha.json"
 class NodeState:
     path: Path
     node_id: str
-    complete: bool = True   # False from the first piece of a store copy until the live says "synced"
+    complete: bool = True   # False from before a backup attaches until the live broker says "in sync"
+    lineage: str | None = None   # the live run whose batches the store holds, up to `position`
+    position: int = -1
 
     @classmethod
     def load(cls, data_dir: Path, node_id: str | None) -> "NodeState":
@@ -28,7 +36,7 @@ class NodeState:
         if path.exists():
             saved = json.loads(path.read_text())
         state = cls(path, node_id or saved.get("node_id") or uuid.uuid4().hex[:12],
-                    bool(saved.get("complete", True)))
+                    bool(saved.get("complete", True)), saved.get("lineage"), int(saved.get("position", -1)))
         state.save()
         return state
 
@@ -37,12 +45,18 @@ class NodeState:
             self.complete = complete
             self.save()
 
+    def set_position(self, lineage: str | None, position: int) -> None:
+        if (lineage, position) != (self.lineage, self.position):
+            self.lineage, self.position = lineage, position
+            self.save()
+
     def save(self) -> None:
         """Written whole and synced: a torn file must not make an unfinished copy complete."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         with open(tmp, "w") as f:
-            json.dump({"node_id": self.node_id, "complete": self.complete}, f)
+            json.dump({"node_id": self.node_id, "complete": self.complete, "lineage": self.lineage,
+                       "position": self.position}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)

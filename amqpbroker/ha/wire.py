@@ -21,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import json
 import os
+import ssl
 import struct
 
 HEAD = struct.Struct(">IB")
@@ -31,6 +33,9 @@ NONCE = 16
 COPY_PIECE = 1 << 20
 
 SNAPSHOT, SNAPSHOT_END, BATCH, SYNCED, ACK = b"S"[0], b"E"[0], b"B"[0], b"Y"[0], b"A"[0]
+HELLO, START, HEARTBEAT = b"L"[0], b"T"[0], b"H"[0]
+HEARTBEAT_EVERY = 0.5    # seconds between heartbeats on an idle link
+SILENT_LINK = 4.0        # seconds without a frame after which the backup takes the link for dead
 
 
 class HandshakeFailed(Exception):
@@ -41,12 +46,50 @@ def frame(kind: int, payload: bytes = b"") -> bytes:
     return HEAD.pack(len(payload), kind) + payload
 
 
+def batch_frame(number: int, data: bytes) -> bytes:
+    return HEAD.pack(8 + len(data), BATCH) + U64.pack(number) + data
+
+
+def batch_payload(payload: bytes) -> tuple[int, memoryview]:
+    """(the batch number, the writer frame) of a B frame's payload."""
+    return U64.unpack_from(payload)[0], memoryview(payload)[8:]
+
+
 def ack_frame(number: int) -> bytes:
     return frame(ACK, U64.pack(number + 1))
 
 
 def ack_number(payload: bytes) -> int:
     return U64.unpack(payload)[0] - 1
+
+
+def json_frame(kind: int, value: dict) -> bytes:
+    return frame(kind, json.dumps(value).encode())
+
+
+def json_payload(payload: bytes) -> dict:
+    value = json.loads(payload)
+    if not isinstance(value, dict):
+        raise ValueError("replication frame: a JSON object expected")
+    return value
+
+
+def server_context(cert_file: str, key_file: str) -> ssl.SSLContext:
+    """The live broker's side of a TLS replication link."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert_file, key_file)
+    return ctx
+
+
+def client_context(ca_file: str) -> ssl.SSLContext:
+    """The backup's side: the live broker's certificate must chain to `ca_file`.  The
+    host name is not checked (brokers are often reached by address); the pair's
+    secret proves the peer, TLS keeps the store's content private on the way."""
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca_file)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.check_hostname = False
+    return ctx
 
 
 async def read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:

@@ -122,6 +122,9 @@ class BrokerServer:
         # addresses (server/ports.py ClusterPort); None alone, and nothing of it loads.
         self.cluster: ClusterPort | None = None
         self.reuse_port = False   # SO_REUSEPORT on the AMQP listeners (serve --workers)
+        # With [ha]: whether this broker may accept now (ha/node.py HaNode.guard), asked
+        # before any input is read and any output written; None: always.
+        self.guard: Callable[[], bool] | None = None
         from ..management.service import Operations
         self.operations = Operations(self)                  # management API, metrics, expiry policy
         # Live reload of users, ACLs, expiry policies, queue limits (SIGHUP, POST /api/reload).
@@ -306,6 +309,8 @@ class BrokerServer:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        if self.guard is not None and not self.guard():
+            return   # HA: nothing goes out while this broker may not accept (its connections are closing)
         if TRACE is not None:
             TRACE.mark("flush", 0, len(self.dirty))
         while self.dirty:
@@ -333,6 +338,41 @@ class BrokerServer:
         self._wakeup_at = None
         self.broker.tick()
         self.flush_soon()
+
+    # ------------------------------------------------------------------ HA fencing (ha/node.py)
+
+    def close_listeners(self) -> None:
+        """New connections are refused (the sockets stop listening)."""
+        for lst in self.listeners:
+            if lst.server is not None:
+                lst.server.close()
+
+    async def reopen_listeners(self) -> None:
+        """Listen again on the same addresses."""
+        for lst in self.listeners:
+            if lst.server is not None and lst.server.is_serving():
+                continue
+            lst.server = await self.loop.create_server(self._protocol_factory(lst), lst.host, lst.port,
+                                                       reuse_address=True)
+            log.info("%s listening on %s:%d again", lst.name, lst.host, lst.port)
+
+    def close_connections(self, condition: str, description: str) -> None:
+        """Close every connection with `condition`, writing the close now; nothing more
+        is read from them (the socket closes once the output is written)."""
+        for proto in list(self.protocols):
+            h = proto.handler
+            if h is None or not h.opened or h.ended:
+                proto.abort()
+                continue
+            h.conn.condition = Condition(condition, description)
+            h.conn.close()
+            proto.flush()
+            proto.stop_reading()
+
+    def abort_connections(self, protocols: list | None = None) -> None:
+        """Drop these connections' sockets (default: all) without a word."""
+        for proto in list(self.protocols) if protocols is None else protocols:
+            proto.abort()
 
     # ------------------------------------------------------------------ shutdown
 

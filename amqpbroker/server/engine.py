@@ -123,6 +123,11 @@ class AmqpProtocol(asyncio.Protocol):
 
     def connection_made(self, sock: asyncio.BaseTransport) -> None:
         self.sock = sock  # type: ignore[assignment]
+        guard = self.server.guard
+        if guard is not None and not guard():   # HA: this broker may not accept now
+            self.closed = True
+            sock.abort()
+            return
         peer = sock.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.address = peer[0] if isinstance(peer, tuple) else source_address(self.peer)
@@ -216,6 +221,9 @@ class AmqpProtocol(asyncio.Protocol):
             TRACE.stamps("in", id(self), data)
         if self.closed or self._discard_input:
             return
+        guard = self.server.guard
+        if guard is not None and not guard():
+            return   # HA: this broker may not accept now (ha/node.py): its connections are being closed
         if self._held is not None:     # an authentication throttle delay runs
             if len(self._held) < 65536:
                 self._held += data
@@ -422,6 +430,9 @@ class AmqpProtocol(asyncio.Protocol):
             return
         if self.closed or self.transport is None or self._discard_input:
             return
+        guard = self.server.guard
+        if guard is not None and not guard():
+            return   # HA: read before the fence, handled after it: dropped, as new input is
         budget = INPUT_SLICE
         while backlog:
             rest, budget = self._feed(backlog.popleft(), budget)

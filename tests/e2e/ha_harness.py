@@ -73,8 +73,9 @@ def zookeeper_jar() -> Path:
 
 
 class ZooKeeper:
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, tick_time_ms: int = 200):
         self.dir = workdir
+        self.tick_time_ms = tick_time_ms   # sessions from 2 to 100 ticks are granted
         self.port = 0
         self.proc: subprocess.Popen | None = None
 
@@ -83,9 +84,10 @@ class ZooKeeper:
         self.port = free_port()
         (self.dir / "data").mkdir(parents=True, exist_ok=True)
         cfg = self.dir / "zoo.cfg"
-        cfg.write_text(f"tickTime=200\ndataDir={self.dir / 'data'}\nclientPort={self.port}\n"
-                       "clientPortAddress=127.0.0.1\nminSessionTimeout=400\nmaxSessionTimeout=20000\n"
-                       "admin.enableServer=false\n4lw.commands.whitelist=ruok\n")
+        tick = self.tick_time_ms
+        cfg.write_text(f"tickTime={tick}\ndataDir={self.dir / 'data'}\nclientPort={self.port}\n"
+                       f"clientPortAddress=127.0.0.1\nminSessionTimeout={2 * tick}\nmaxSessionTimeout={100 * tick}\n"
+                       "admin.enableServer=false\n4lw.commands.whitelist=ruok,dump\n")
         cp = f"{ZK_CONF}:{jar}" if ZK_CONF.exists() else str(jar)
         log = open(self.dir / "zookeeper.log", "w")
         self.proc = subprocess.Popen(["java", "-Xmx256m", "-cp", cp, f"-Dzookeeper.log.dir={self.dir}",
@@ -108,6 +110,18 @@ class ZooKeeper:
         except OSError:
             return False
 
+    def sessions(self) -> set[str]:
+        """The ids of the sessions ZooKeeper keeps now (the `dump` four-letter word's
+        session sets): a test sees a session expire when its id leaves the set."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as s:
+            s.sendall(b"dump")
+            chunks = []
+            while chunk := s.recv(65536):
+                chunks.append(chunk)
+        text = b"".join(chunks).decode(errors="replace")
+        head, _, _ = text.partition("ephemeral nodes dump")
+        return set(re.findall(r"^\s+(0x[0-9a-f]+)\s*$", head, re.M))
+
     @property
     def hosts(self) -> str:
         return f"127.0.0.1:{self.port}"
@@ -125,10 +139,12 @@ class ZooKeeper:
             self.proc.wait()
 
 
-def pair_config(zk: ZooKeeper, cluster: str, role: str, amqp_port: int, **extra) -> str:
+def pair_config(zk: ZooKeeper, cluster: str, role: str, amqp_port: int, defaults: bool = False, **extra) -> str:
+    """A pair's broker; `defaults`: the shipped session and backup timeouts, not the tests' shorter ones."""
     lines = [f'port = {amqp_port}', "[ha]", f'role = "{role}"', f'zookeeper = "{zk.hosts}"',
-             f"zookeeper_session_timeout = {SESSION_TIMEOUT}", f'cluster = "{cluster}"', "replication_port = 0",
-             f'secret = "{SECRET}"', "backup_timeout = 2.0"]
+             f'cluster = "{cluster}"', "replication_port = 0", f'secret = "{SECRET}"']
+    if not defaults:
+        lines += [f"zookeeper_session_timeout = {SESSION_TIMEOUT}", "backup_timeout = 2.0"]
     lines += [f"{k} = {v!r}".replace("'", '"') if isinstance(v, str) else f"{k} = {str(v).lower()}"
               for k, v in extra.items()]
     return "\n".join(lines) + "\n"
@@ -146,23 +162,26 @@ class HaBroker:
         self.proc: subprocess.Popen | None = None
         self.lines: list[str] = []
         self.ports: dict[str, int] = {}
+        self.extra_env: dict[str, str] = {}
         self._cond = threading.Condition()
 
     @property
     def url(self) -> str:
         return f"amqp://127.0.0.1:{self.amqp_port}"
 
-    def start(self) -> "HaBroker":
+    def start(self, wait: bool = True) -> "HaBroker":
+        """Start the process; with `wait`, until it logs that it is the backup or live."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         cfg = self.data_dir.parent / f"{self.name}.toml"
         cfg.write_text(self.config)
-        env = dict(os.environ, AMQPBROKER_MANAGEMENT__PORT="0")
+        env = {**os.environ, "AMQPBROKER_MANAGEMENT__PORT": "0", **self.extra_env}
         self.lines, self.ports = [], {}
         self.proc = subprocess.Popen([sys.executable, "-m", "amqpbroker.cli", "serve", "--config", str(cfg),
                                       "--data-dir", str(self.data_dir), "--log-level", "info"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
-        self.wait_for_log(r"ha: (backup:|node \S+ is live)", 30)
+        if wait:
+            self.wait_for_log(r"ha: (backup:|node \S+ is live)", 30)
         return self
 
     def _read(self, proc: subprocess.Popen) -> None:

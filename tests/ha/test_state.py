@@ -46,3 +46,21 @@ def test_a_broker_without_ha_loads_nothing_of_it():
             "print(sorted(m for m in sys.modules if m.startswith(('kazoo', 'amqpbroker.ha'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_node_state_keeps_the_store_position(tmp_path):
+    s = NodeState.load(tmp_path, "n")
+    assert (s.lineage, s.position) == (None, -1)
+    s.set_position("lineage-1", 41)
+    again = NodeState.load(tmp_path, None)
+    assert (again.lineage, again.position, again.node_id) == ("lineage-1", 41, "n")
+    again.set_position(None, -1)          # a copy is about to replace the store
+    assert NodeState.load(tmp_path, None).lineage is None
+
+
+def test_the_default_replication_port_is_no_other_listener_s(tmp_path):
+    cfg = tmp_path / "b.toml"
+    cfg.write_text('[ha]\nzookeeper = "127.0.0.1:2181"\nsecret = "0123456789abcdef"\n')
+    s = load_settings(cfg)
+    assert s.ha.replication_port not in (s.port, 5671, 5673, s.management.port)
+    assert (s.ha.zookeeper_session_timeout, s.ha.backup_timeout) == (3.0, 2.0)

@@ -250,10 +250,11 @@ async function showHa() {
   const el = document.getElementById("ha");
   if (!ha.enabled) { haEnabled = false; el.hidden = true; return; }
   const rep = ha.replication;
-  const backup = rep ? `backup ${rep.peer_state}, lag ${rep.lag_batches} batch(es) / ${rep.lag_seconds} s` : "no backup";
+  const backup = rep ? `backup ${rep.peer_state}, lag ${rep.lag_batches} batch(es) / ${rep.lag_bytes} B / ${rep.lag_seconds} s`
+                     : "no backup";
   const zk = ha.zookeeper.session;
   el.textContent = `HA ${ha.status} (${ha.role}, activation ${ha.activation}) · ${backup} · ZooKeeper ${zk}`;
-  el.classList.toggle("degraded", zk !== "CONNECTED" || !rep || rep.peer_state !== "in-sync");
+  el.classList.toggle("degraded", zk !== "CONNECTED" || !rep || rep.peer_state !== "in-sync" || !ha.accepting);
   el.hidden = false;
 }
 
