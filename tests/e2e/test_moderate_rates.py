@@ -1,5 +1,5 @@
 """End-to-end: what keeps a moderate-rate producer's messages from waiting behind a
-burst (core/credit.py, AmqpProtocol._feed), and the loop trace that shows it
+burst (core/credit_window.py, SlicedInput._feed in server/input_slices.py), and the loop trace that shows it
 (amqpbroker/looptrace.py).
 
 Nothing here measures time: the credit window is read off the link, and the order
