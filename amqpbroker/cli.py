@@ -168,8 +168,13 @@ async def _run(settings: Settings, loop: asyncio.AbstractEventLoop, config_file:
     from .server.app import BrokerServer, install_signal_handlers
     from .store.base import StoreError
 
+    stopped = asyncio.Event()
     try:
         server = BrokerServer(settings, loop, config_file=config_file, overrides=overrides)
+        # Before the start, not after: a SIGTERM while the broker starts (recovery, the
+        # listeners) must stop it cleanly once it is up, not kill it with the store's
+        # last checkpoint unwritten.
+        install_signal_handlers(loop, stopped.set)
         await server.start()
     except (ValueError, OSError, StoreError) as exc:
         log.error("cannot start: %s", exc)
@@ -178,8 +183,7 @@ async def _run(settings: Settings, loop: asyncio.AbstractEventLoop, config_file:
         log.error("cannot start: store at %s: %s: %s", settings.data_dir / "store", type(exc).__name__, exc)
         return 2
     tune_gc()
-    stopped = asyncio.Event()
-    install_signal_handlers(loop, stopped.set, server.reloader.on_signal)   # SIGHUP: live reload
+    install_signal_handlers(loop, stopped.set, server.reloader.on_signal)   # SIGHUP: live reload, once started
     await stopped.wait()
     log.info("shutting down")
     await server.stop()
