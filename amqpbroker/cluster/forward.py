@@ -31,9 +31,9 @@ from ..core.placement import UNAVAILABLE
 from ..core.settlement import LinkEnding
 from ..server.handlers import detach_with_condition
 from ..server.links import LATE_OUTCOME_WINDOW, link_credit
-from .deliveries import MODIFIED, REJECTED, RELEASED, Tags, copy_outcome, is_null
+from .deliveries import REJECTED, RELEASED, Tags, copy_outcome, is_null
 from .sends import OrderedSender, Outgoing, owner_state, write_state
-from .txn import TRANSACTIONAL_STATE, set_txn_state, txn_state_data
+from .txn import TRANSACTIONAL_STATE, route_transactional_ack
 
 log = logging.getLogger("amqpbroker.cluster")
 
@@ -381,27 +381,8 @@ class ForwardedConsumer(ForwardedLink):
         """An acknowledgement inside a transaction (cluster/txn.py): passed on under
         the owner's txn-id; one that would span nodes gives the message back there
         (as the rollback that follows would)."""
-        data = txn_state_data(cdlv)
-        txn_id = bytes(data[0]) if data and isinstance(data[0], (bytes, bytearray, memoryview)) else b""
-        outcome = data[1] if len(data) > 1 else None
-        peer = self.peer
-
-        def then(xid: bytes | None, error: tuple[str, str] | None) -> None:
-            if peer.closed:
-                return
-            if xid is None:
-                lib.pn_disposition_set_failed(lib.pn_delivery_local(mdlv), True)
-                lib.pn_delivery_update(mdlv, MODIFIED)
-            else:
-                set_txn_state(mdlv, xid, outcome)
-            if settled:
-                lib.pn_delivery_settle(mdlv)
-            peer.mark_dirty()
-
-        if settled:
-            lib.pn_delivery_settle(cdlv)
-        self.handler.server.cluster.txns.route(self.handler, txn_id, peer.node,
-                                               self.link.remote_source.address or "", then)
+        route_transactional_ack(self.handler, cdlv, mdlv, settled, self.peer,
+                                self.link.remote_source.address or "")
 
     def _pass_outcome(self, cdlv: Any, mdlv: Any, settled: bool) -> None:
         if self.peer.closed:

@@ -33,10 +33,10 @@ from ..core.placement import UNAVAILABLE, Partitioned
 from ..core.settlement import LinkEnding
 from ..server.handlers import detach_with_condition
 from ..server.links import LATE_OUTCOME_WINDOW, link_credit
-from .deliveries import MODIFIED, RELEASED, Tags, copy_outcome, is_null
+from .deliveries import RELEASED, Tags, copy_outcome, is_null
 from .relay import RelayLink
 from .sends import Outgoing, write_state
-from .txn import TRANSACTIONAL_STATE, set_txn_state, txn_state_data
+from .txn import TRANSACTIONAL_STATE, route_transactional_ack
 
 log = logging.getLogger("amqpbroker.cluster")
 
@@ -431,26 +431,7 @@ class FanInConsumer:
             self._forget_late()
 
     def _transactional_ack(self, cdlv: Any, member: MemberReceiver, mdlv: Any, settled: bool) -> None:
-        data = txn_state_data(cdlv)
-        txn_id = bytes(data[0]) if data and isinstance(data[0], (bytes, bytearray, memoryview)) else b""
-        outcome = data[1] if len(data) > 1 else None
-        peer = member.peer
-
-        def then(xid: bytes | None, error: tuple[str, str] | None) -> None:
-            if peer.closed:
-                return
-            if xid is None:
-                lib.pn_disposition_set_failed(lib.pn_delivery_local(mdlv), True)
-                lib.pn_delivery_update(mdlv, MODIFIED)
-            else:
-                set_txn_state(mdlv, xid, outcome)
-            if settled:
-                lib.pn_delivery_settle(mdlv)
-            peer.mark_dirty()
-
-        if settled:
-            lib.pn_delivery_settle(cdlv)
-        self.handler.server.cluster.txns.route(self.handler, txn_id, peer.node, member.mirror.source.address, then)
+        route_transactional_ack(self.handler, cdlv, mdlv, settled, member.peer, member.mirror.source.address)
 
     def late(self, cdlv: Any) -> None:
         self.on_delivery(cdlv)

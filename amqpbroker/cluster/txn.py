@@ -25,7 +25,7 @@ from proton import Condition, Delivery, Described, Message, Terminus, symbol, ul
 
 from ..core.placement import UNAVAILABLE
 from ..core.transactions import ROLLBACK, TransactionError
-from .deliveries import Tags, is_null
+from .deliveries import MODIFIED, Tags, is_null
 
 log = logging.getLogger("amqpbroker.cluster")
 
@@ -259,6 +259,32 @@ class TxnRoutes:
             del self.bindings[key]
         for key in [k for k in self.coordinators if k[0] is handler]:
             del self.coordinators[key]
+
+
+def route_transactional_ack(handler: Any, cdlv: Any, mdlv: Any, settled: bool, peer: Any, address: str) -> None:
+    """A client's acknowledgement inside a transaction of a delivery that came from
+    another node (`mdlv` on `peer`'s link from `address`): passed on under that node's
+    txn-id; one that would span nodes gives the message back there (modified,
+    delivery-failed, as the rollback that follows would)."""
+    data = txn_state_data(cdlv)
+    txn_id = bytes(data[0]) if data and isinstance(data[0], (bytes, bytearray, memoryview)) else b""
+    outcome = data[1] if len(data) > 1 else None
+
+    def then(xid: bytes | None, error: tuple[str, str] | None) -> None:
+        if peer.closed:
+            return
+        if xid is None:
+            lib.pn_disposition_set_failed(lib.pn_delivery_local(mdlv), True)
+            lib.pn_delivery_update(mdlv, MODIFIED)
+        else:
+            set_txn_state(mdlv, xid, outcome)
+        if settled:
+            lib.pn_delivery_settle(mdlv)
+        peer.mark_dirty()
+
+    if settled:
+        lib.pn_delivery_settle(cdlv)
+    handler.server.cluster.txns.route(handler, txn_id, peer.node, address, then)
 
 
 def _local_address(txn: Any) -> str:
