@@ -24,8 +24,7 @@ from ..core.message import Message
 from ..core.limits import QueueLimits
 from ..core.queues import Entry, ExclusivityPolicy, LifetimePolicy, Queue
 from ..core.registry import SubscriptionRegistry
-from ..core.subscriptions import BindingSpec, Subscription, SubscriptionKey
-from ..core.terms import Durability, ExpiryPolicy, Filter, SourceTerms
+from ..core.subscriptions import Subscription
 from .base import EntryRecord, QueueRecord, Snapshot, Store, StoreError
 from ..core.budget import UNLIMITED, body_room
 from .integrity import RECOVERY_HINT, StoreDamaged
@@ -33,6 +32,7 @@ from .marks import Mark, Watermark
 from .reads import LOG_QUEUE
 from .seen import SeenIds as _SeenIds
 from .topiclog import SubscriptionLog
+from .subscription_json import subscription_from_json, subscription_to_json
 from .upgrade import upgrade
 
 log = logging.getLogger("amqpbroker.store")
@@ -573,36 +573,3 @@ _shared = shared_size   # (core/entries.py; bench/backlog.py imports it from her
 def _record(entry: Entry, delivered: bool) -> EntryRecord:
     return EntryRecord(entry.seq, entry.store_ref, entry.delivery_count, delivered, entry.priority,
                        entry.size, entry.expires_at, entry.deliver_at, entry.group)
-
-
-# ---------------------------------------------------------------------- JSON forms
-
-
-def source_to_json(s: SourceTerms) -> dict:
-    return {"address": s.address, "durable": int(s.durable), "expiry_policy": s.expiry_policy.value,
-            "timeout": s.timeout, "dynamic": s.dynamic, "distribution_mode": s.distribution_mode,
-            "capabilities": sorted(s.capabilities),
-            "filters": [[f.key, f.descriptor, f.value] for f in s.filters]}
-
-
-def source_from_json(d: dict) -> SourceTerms:
-    return SourceTerms(address=d["address"], durable=Durability(d["durable"]),
-                       expiry_policy=ExpiryPolicy(d["expiry_policy"]), timeout=d["timeout"],
-                       dynamic=d["dynamic"], distribution_mode=d["distribution_mode"],
-                       capabilities=frozenset(d["capabilities"]),
-                       filters=tuple(Filter(k, desc, v) for k, desc, v in d["filters"]))
-
-
-def subscription_to_json(sub: Subscription) -> dict:
-    b = sub.binding
-    return {"key": [sub.key.namespace, sub.key.name, sub.key.durable] if sub.key else None,
-            "queue": sub.queue_name, "exclusivity": sub.exclusivity.value, "lifetime": sub.lifetime.value,
-            "binding": [b.exchange, b.key, b.selector, b.no_local], "source": source_to_json(sub.source),
-            "owner": sub.owner_container, "created": sub.created_at, "links": sorted(sub.links)}
-
-
-def subscription_from_json(d: dict) -> Subscription:
-    key = SubscriptionKey(*d["key"]) if d["key"] else None
-    return Subscription(key, d["queue"], ExclusivityPolicy(d["exclusivity"]), LifetimePolicy(d["lifetime"]),
-                        BindingSpec(*d["binding"]), source_from_json(d["source"]), d["owner"],
-                        d["created"], set(d["links"]))

@@ -65,7 +65,7 @@ def _decoders() -> dict[str, Callable[[bytes, bytes, dict], None]]:
     from ..core.message import Message
     from .base import QueueRecord
     from .batch import ENTRY_KEY, ENTRY_VAL
-    from .durability import subscription_from_json
+    from .subscription_json import subscription_from_json
     from .logrecords import decode_cursor, decode_record, decode_route
 
     u64 = struct.Struct(">Q")
