@@ -6,7 +6,7 @@ every queue does so a slice at a time, and sorting, rendering and JSON-encoding 
 answers happen in the worker thread (service.py, pacing.py).  Errors are JSON
 `{"error": "..."}` with a 4xx status.  OpenAPI at /openapi.json, docs at /docs.
 
-Every request first passes `RequestGuard` (Host against DNS rebinding; Origin and
+Every request first passes `RequestGuard` (request_guard.py: Host against DNS rebinding; Origin and
 Content-Type of changes against cross-site requests: request_policy.py), then
 authentication (auth.py).
 """
@@ -16,7 +16,6 @@ from __future__ import annotations
 import gzip
 import json
 import logging
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Literal
 
@@ -24,7 +23,6 @@ from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
-from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..core.limits import Overflow, QueueLimits
@@ -37,7 +35,8 @@ from .ha import ha_view
 from .exposition import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .listing import DEFAULT_LIMIT, MAX_LIMIT, next_link
 from .message_api import add_message_routes
-from .request_policy import HostPolicy, check_request
+from .request_guard import RequestGuard
+from .request_policy import HostPolicy
 
 if TYPE_CHECKING:
     from .service import Operations
@@ -249,47 +248,6 @@ class AlarmsIn(BaseModel):
     memory_high_watermark_absolute: int | None = Field(
         None, ge=1, description="bytes; replaces the fraction (null: back to the fraction)")
     disk_free_limit: int | None = Field(None, ge=0, description="bytes; 0 turns the disk alarm off")
-
-
-# ---------------------------------------------------------------------- request guard
-
-class RequestGuard:
-    """ASGI middleware: `check_request` on every HTTP request, before routing and
-    authentication.  A refusal is logged once, then at most every 10 s with a count
-    (a hostile page can send many)."""
-
-    def __init__(self, app: Any, policy: HostPolicy):
-        self.app = app
-        self.policy = policy
-        self._logged_at = float("-inf")
-        self._unlogged = 0
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = Headers(scope=scope)
-        has_body = headers.get("content-length", "0").strip() not in ("", "0") or "transfer-encoding" in headers
-        refusal = check_request(self.policy, method=scope["method"], scheme=scope.get("scheme", "http"),
-                                host=headers.get("host"), origin=headers.get("origin"),
-                                content_type=headers.get("content-type"), has_body=has_body)
-        if refusal is None:
-            await self.app(scope, receive, send)
-            return
-        self._log(scope, refusal.error)
-        await JSONResponse({"error": refusal.error}, status_code=refusal.status)(scope, receive, send)
-
-    def _log(self, scope: dict, error: str) -> None:
-        now = time.monotonic()
-        if now - self._logged_at < 10.0:
-            self._unlogged += 1
-            return
-        client = scope.get("client") or ("?", 0)
-        more = f" ({self._unlogged} more since the last line)" if self._unlogged else ""
-        log.warning("management API: refused %s %s from %s: %s%s", scope["method"], scope.get("path", ""),
-                    client[0], error, more)
-        self._logged_at = now
-        self._unlogged = 0
 
 
 def accepts_gzip(header: str) -> bool:

@@ -118,7 +118,7 @@ class BackupApi:
         from .admin import AdminError
         from .auth import Principal
         from .exposition import render, scalar
-        from .api import RequestGuard
+        from .request_guard import RequestGuard
         from .request_policy import HostPolicy
 
         m = self.settings.management
