@@ -246,3 +246,25 @@ def test_kill_of_the_owning_pairs_live_broker_loses_nothing_accepted(paired):
     assert not unknown
     # Copies come only from messages sent again after an outcome was lost.
     assert duplicates <= producer.resent, (duplicates, producer.resent)
+    # The killed broker, started again, is the pair's backup: it does not take the node back.
+    primary.start().wait_for_log("in sync with the live broker", 90)
+    assert "cluster: node a is live" not in primary.log_text()
+    assert not primary.is_listening()
+    assert paired.live_znode("a")["amqp"].endswith(f":{backup.amqp_port}")
+
+
+def test_a_clean_stop_of_the_live_broker_hands_the_node_to_the_backup(paired):
+    primary, backup = paired.pair["primary"], paired.pair["backup"]
+    q = owned_by("a")
+    conn = connect(paired.b.url)
+    try:
+        snd = conn.create_sender(q, name="s")
+        for i in range(20):
+            snd.send(Message(body=i, durable=True))   # Accepted: committed on a's live broker and its backup
+    finally:
+        conn.close()
+    assert primary.stop() == 0
+    backup.wait_for_log(r"cluster: node a is live \(", 60)
+    eventually(lambda: (paired.live_znode("a") or {}).get("amqp", "").endswith(f":{backup.amqp_port}"),
+               what="node a's live znode naming the backup")
+    assert sorted(drain_all(paired.b.url, q, 20)) == list(range(20))
