@@ -30,6 +30,10 @@ opens again only once ZooKeeper confirmed, over the same session, the lock and
 the activation.  A lock that is gone (the session expired, another broker raised
 the activation) demotes it: the BrokerServer stops and the node is a backup again.
 
+A node of a cluster that is a pair runs its cluster side (membership, forwarding)
+beside the live broker only: a LiveCompanion (cluster/pair.py), made each time this
+broker goes live and closed before its BrokerServer stops.
+
 Each accept window is logged with the activation it serves ("ha: accept window
 open: ... at=<time.time()>" / "... closed: ..."): a checker (tests/faults) reads
 them to verify that no two brokers ever accepted at the same time.
