@@ -341,3 +341,35 @@ def test_a_producer_and_a_consumer_on_another_node_across_the_owners_failover(pa
     assert set(counts) <= set(range(total))
     # The consumer's forwarded link ended with the error docs/cluster.md names.
     assert "amqpbroker:resource-unavailable" in consumer.conditions, (consumer.conditions, consumer.failures)
+
+
+def test_a_paused_live_broker_of_the_owning_pair_comes_back_as_its_backup(paired):
+    """SIGSTOP is not a crash: the backup takes the node over while the live broker is
+    paused; once resumed, the old live broker fences itself and is demoted (the pair's
+    lock is not its own any more), never serving node a beside the new one."""
+    import os
+    import signal
+    primary, backup = paired.pair["primary"], paired.pair["backup"]
+    q = owned_by("a")
+    total, pause_at = 300, 100
+    consumer = ReattachingConsumer(paired.b.url, q, total, deadline=300)
+    producer = ResendingProducer(paired.b.url, q, total, deadline=300)
+    consumer.start()
+    producer.start()
+    producer.wait_accepted(pause_at, 120)
+    os.kill(primary.proc.pid, signal.SIGSTOP)
+    try:
+        backup.wait_for_log(r"cluster: node a is live \(", 90)
+    finally:
+        os.kill(primary.proc.pid, signal.SIGCONT)
+    primary.wait_for_log(r"ha: node \S+ is a backup again", 90)
+    producer.join(320)
+    consumer.join(320)
+    assert producer.error is None and producer.accepted == list(range(total)), producer.error
+    rest = drain_all(paired.b.url, q, 0)
+    counts = Counter(consumer.bodies + rest)
+    lost = sorted(set(producer.accepted) - set(counts))
+    assert not lost, f"Accepted, then lost: {lost[:20]} ({len(lost)})"
+    assert set(counts) <= set(range(total))
+    assert paired.live_znode("a")["amqp"].endswith(f":{backup.amqp_port}")
+    assert not primary.is_listening()
