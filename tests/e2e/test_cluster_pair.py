@@ -26,6 +26,7 @@ from amqpbroker.core.placement import slot_of, static_map
 from tests.broker_process import BrokerProcess
 from tests.client import connect
 from tests.e2e.ha_harness import HaBroker, ZooKeeper, free_port, pair_config
+from tests.e2e.test_cluster_zk import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
@@ -46,20 +47,6 @@ def cluster_section(zk: ZooKeeper, name: str, node: str) -> str:
     return ("[cluster]\n"
             f'zookeeper = "{zk.hosts}"\nzookeeper_session_timeout = 4.0\nname = "{name}"\n'
             f'node_id = "{node}"\nnodes = [{nodes}]\nlisten_port = 0\nsecret = "{SECRET}"\n')
-
-
-def eventually(check, timeout: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = check()
-            if value:
-                return value
-        except Exception as exc:   # noqa: BLE001 - retried until the deadline
-            last = exc
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}" + (f": {last}" if last else ""))
 
 
 class PairedCluster:
@@ -147,6 +134,16 @@ def test_only_the_live_broker_of_a_pair_serves_the_node(paired):
     assert paired.live_znode("a")["amqp"].endswith(f":{primary.amqp_port}")
 
 
+def close_quietly(conn) -> None:
+    """Close a client connection that may already be broken."""
+    if conn is None:
+        return
+    try:
+        conn.close()
+    except Exception:   # noqa: BLE001 - broken already: nothing to close
+        pass
+
+
 class ResendingProducer(threading.Thread):
     """Durable messages 0..n-1 to `address` through `url`, one at a time, each waited
     for: on any failure (link refused or detached, connection lost) the connection is
@@ -177,11 +174,7 @@ class ResendingProducer(threading.Thread):
             except Exception as exc:   # noqa: BLE001 - in doubt: send it again
                 self.failures[type(exc).__name__] += 1
                 self.resent += 1
-                try:
-                    if conn is not None:
-                        conn.close()
-                except Exception:   # noqa: BLE001
-                    pass
+                close_quietly(conn)
                 conn = snd = None
                 time.sleep(0.3)
                 continue
@@ -189,11 +182,7 @@ class ResendingProducer(threading.Thread):
                 self.accepted.append(i)
                 self.progress.notify_all()
             i += 1
-        if conn is not None:
-            try:
-                conn.close()
-            except Exception:   # noqa: BLE001
-                pass
+        close_quietly(conn)
 
     def wait_accepted(self, count: int, timeout: float) -> None:
         with self.progress:
@@ -299,36 +288,30 @@ class ReattachingConsumer(threading.Thread):
                 if rcv.link.remote_condition is not None:
                     self.failures["detached"] += 1
                     self.conditions.append(rcv.link.remote_condition.name)
-                    conn.close()
+                    close_quietly(conn)
                     conn = rcv = None
                 continue
             except Exception as exc:   # noqa: BLE001 - attach again
                 self.failures[type(exc).__name__] += 1
-                try:
-                    if conn is not None:
-                        conn.close()
-                except Exception:   # noqa: BLE001
-                    pass
+                close_quietly(conn)
                 conn = rcv = None
                 time.sleep(0.3)
-        if conn is not None:
-            try:
-                conn.close()
-            except Exception:   # noqa: BLE001
-                pass
+        close_quietly(conn)
 
 
-def test_a_producer_and_a_consumer_on_another_node_across_the_owners_failover(paired):
-    primary, backup = paired.pair["primary"], paired.pair["backup"]
-    q = owned_by("a")
-    total, kill_at = 300, 120
+def traffic_through_b(paired, q: str, total: int, threshold: int) -> tuple:
+    """A consumer and a producer of `q` on node b, started; returns once `threshold`
+    messages were Accepted."""
     consumer = ReattachingConsumer(paired.b.url, q, total, deadline=300)
     producer = ResendingProducer(paired.b.url, q, total, deadline=300)
     consumer.start()
     producer.start()
-    producer.wait_accepted(kill_at, 120)
-    primary.kill()
-    backup.wait_for_log(r"cluster: node a is live \(", 90)
+    producer.wait_accepted(threshold, 120)
+    return producer, consumer
+
+
+def check_nothing_lost(paired, q: str, total: int, producer, consumer) -> None:
+    """Every message Accepted was received at least once; nothing else was."""
     producer.join(320)
     consumer.join(320)
     assert producer.error is None and producer.accepted == list(range(total)), producer.error
@@ -339,6 +322,15 @@ def test_a_producer_and_a_consumer_on_another_node_across_the_owners_failover(pa
     lost = sorted(set(producer.accepted) - set(counts))
     assert not lost, f"Accepted, then lost: {lost[:20]} ({len(lost)})"
     assert set(counts) <= set(range(total))
+
+
+def test_a_producer_and_a_consumer_on_another_node_across_the_owners_failover(paired):
+    primary, backup = paired.pair["primary"], paired.pair["backup"]
+    q = owned_by("a")
+    producer, consumer = traffic_through_b(paired, q, 300, 120)
+    primary.kill()
+    backup.wait_for_log(r"cluster: node a is live \(", 90)
+    check_nothing_lost(paired, q, 300, producer, consumer)
     # The consumer's forwarded link ended with the error docs/cluster.md names.
     assert "amqpbroker:resource-unavailable" in consumer.conditions, (consumer.conditions, consumer.failures)
 
@@ -351,25 +343,13 @@ def test_a_paused_live_broker_of_the_owning_pair_comes_back_as_its_backup(paired
     import signal
     primary, backup = paired.pair["primary"], paired.pair["backup"]
     q = owned_by("a")
-    total, pause_at = 300, 100
-    consumer = ReattachingConsumer(paired.b.url, q, total, deadline=300)
-    producer = ResendingProducer(paired.b.url, q, total, deadline=300)
-    consumer.start()
-    producer.start()
-    producer.wait_accepted(pause_at, 120)
+    producer, consumer = traffic_through_b(paired, q, 300, 100)
     os.kill(primary.proc.pid, signal.SIGSTOP)
     try:
         backup.wait_for_log(r"cluster: node a is live \(", 90)
     finally:
         os.kill(primary.proc.pid, signal.SIGCONT)
     primary.wait_for_log(r"ha: node \S+ is a backup again", 90)
-    producer.join(320)
-    consumer.join(320)
-    assert producer.error is None and producer.accepted == list(range(total)), producer.error
-    rest = drain_all(paired.b.url, q, 0)
-    counts = Counter(consumer.bodies + rest)
-    lost = sorted(set(producer.accepted) - set(counts))
-    assert not lost, f"Accepted, then lost: {lost[:20]} ({len(lost)})"
-    assert set(counts) <= set(range(total))
+    check_nothing_lost(paired, q, 300, producer, consumer)
     assert paired.live_znode("a")["amqp"].endswith(f":{backup.amqp_port}")
     assert not primary.is_listening()
