@@ -155,9 +155,9 @@ async def _run(settings: Settings, loop: asyncio.AbstractEventLoop, config_file:
                   "(docs/cluster.md)")
         return 2
     if settings.cluster is not None:   # one node of a cluster (docs/cluster.md): nothing of it loads otherwise
-        if settings.ha is not None:
-            log.error("cannot start: [cluster] with [ha] is not supported yet (docs/cluster.md)")
-            return 2
+        if settings.ha is not None:   # the node is an HA pair: its live broker serves it
+            from .cluster.pair import run_pair
+            return await run_pair(settings, loop, config_file, overrides)
         from .cluster.node import run_member
         return await run_member(settings, loop, config_file, overrides)
     if settings.ha is not None:   # a replicated pair (docs/ha.md): nothing of it loads otherwise

@@ -229,7 +229,10 @@ class HaConfig(BaseModel):
     # but a live broker on a loaded machine or network fences itself (and clients
     # fail over) more often.  ZooKeeper's tickTime must allow it (docs/ha.md).
     zookeeper_session_timeout: float = Field(3.0, ge=1.0)
-    cluster: str = Field("default", pattern=r"^[A-Za-z0-9_.-]+$")   # the pair's name under /amqpbroker
+    cluster: str = Field("default", pattern=r"^[A-Za-z0-9_.-]+$",
+                         description="The pair's name (its node under `/amqpbroker` in ZooKeeper). With `[cluster]` "
+                                     "(a cluster node that is a pair), unset: `<[cluster] name>.<[cluster] "
+                                     "node_id>`.")
     node_id: str | None = None                                # default: made once, kept in the data dir
     # The replication stream between the two brokers: where this one listens for
     # its backup, and the address the backup is told (default: host:port as bound).
@@ -287,7 +290,9 @@ class ClusterConfig(StrictModel):
                                              "unavailable after about this long")
     name: str = Field("default", pattern=r"^[A-Za-z0-9_.-]+$",
                       description="the cluster's name: /amqpbroker-cluster/<name> in ZooKeeper")
-    node_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_-]+$", description="this node's name (one of `nodes`)")
+    node_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_-]+$",
+                                description="this node's name (one of `nodes`); the two brokers of a node that "
+                                            "is an HA pair ([ha]) share it, each its own listen_port/advertised")
     nodes: list[str] = Field([], description="every node of the cluster, the same list on each (the slot map "
                              "is made from it when the cluster first starts)")
     weights: dict[str, int] = Field({}, description="slots per node in proportion (default 1; 0: the node "

@@ -164,79 +164,35 @@ async def run_member(settings: Settings, loop: asyncio.AbstractEventLoop, config
 
     from ..server.app import BrokerServer, install_signal_handlers
     from ..store.base import StoreError
-    from .listener import start_listener
-    from .membership import Membership
-    from .router import Router
-    from .shovel import Shovels
-    from .tls import node_tls
+    from .member import MemberSide
 
     cfg = settings.cluster
-    secret = cfg.secret.encode()
     try:
-        tls = node_tls(settings)
+        side = MemberSide(settings, loop)
     except (ValueError, OSError) as exc:
         log.error("cannot start node %s: %s", cfg.node_id, exc)
         return 2
-    membership = Membership(cfg, loop)
     try:
-        await membership.start()
-        slots = await membership.slot_map()
-        pinned, partitioned = cluster_options(settings)
-        slots = SlotMap(slots.owners, slots.live, slots.epoch, slots.pinned | pinned, partitioned)
-        check_partitioned(slots)
+        await side.connect()
     except Exception as exc:
         log.error("cannot start node %s: ZooKeeper at %s: %s", cfg.node_id, cfg.zookeeper, exc)
-        await membership.stop()
         return 2
-
-    def address_of(node: str) -> str:
-        info = membership.live.get(node)
-        if info is None:
-            raise OSError(f"node {node} is not live")
-        return info["inter"]
-
     try:
         server = BrokerServer(settings, loop, config_file=config_file, overrides=overrides)
-        router = Router(server, cfg.node_id, slots, address_of, secret)
-        router.serving = False            # until our live znode is held
-        router.redirect = cfg.redirect
-        router.tls = tls
-        router.client_address = lambda n: tuple(membership.live[n]["amqp"].rsplit(":", 1))
-        router.membership = membership
-        server.cluster = router
+        side.attach(server)
         await server.start()
-        inter, where = await start_listener(server, secret, host=cfg.listen_host, port=cfg.listen_port,
-                                            ssl_context=tls.server if tls is not None else None)
+        await side.listen()
     except (ValueError, OSError, StoreError, lmdb.Error) as exc:
         log.error("cannot start node %s: %s", cfg.node_id, exc)
-        await membership.stop()
+        await side.membership.stop()
         return 2
-
-    def changed() -> None:
-        router.slots = router.slots.with_live(membership.live)
-
-    def serving(yes: bool) -> None:
-        router.serving = yes
-
-    membership.on_change = changed
-    membership.on_serving = serving
-    main = server.listeners[0]
-    amqp = cfg.advertised_amqp or f"{main.host}:{main.port}"   # what clients are told (redirects, Spark)
-    await membership.go_live({"inter": cfg.advertised or where, "amqp": amqp})
-    membership.watch()
-    shovels = Shovels(server, router)
-    shovels.start()
-    log.info("cluster: node %s of %s, %d of %d slots, inter-node %s%s", cfg.node_id, ", ".join(cfg.nodes),
-             len(slots.slots_of(cfg.node_id)), slots.slots, where, " (TLS)" if tls is not None else "")
+    await side.go_live()
     from ..cli import tune_gc
     tune_gc()
     stopped = asyncio.Event()
     install_signal_handlers(loop, stopped.set, server.reloader.on_signal)
     await stopped.wait()
     log.info("node %s shutting down", cfg.node_id)
-    router.serving = False
-    await membership.stop()
-    inter.close()
-    shovels.close()
+    await side.close()
     await server.stop()
     return 0

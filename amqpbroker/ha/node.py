@@ -30,6 +30,10 @@ opens again only once ZooKeeper confirmed, over the same session, the lock and
 the activation.  A lock that is gone (the session expired, another broker raised
 the activation) demotes it: the BrokerServer stops and the node is a backup again.
 
+A node of a cluster that is a pair runs its cluster side (membership, forwarding)
+beside the live broker only: a LiveCompanion (cluster/pair.py), made each time this
+broker goes live and closed before its BrokerServer stops.
+
 Each accept window is logged with the activation it serves ("ha: accept window
 open: ... at=<time.time()>" / "... closed: ..."): a checker (tests/faults) reads
 them to verify that no two brokers ever accepted at the same time.
@@ -41,7 +45,7 @@ import asyncio
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Protocol
 
 from ..config import Settings
 from ..core.ha import (
@@ -92,6 +96,21 @@ def replication_tls(settings: Settings) -> tuple[Any, Any]:
     return wire.server_context(str(cert), str(key)), wire.client_context(str(ca))
 
 
+class LiveCompanion(Protocol):
+    """What runs beside the live broker of the pair, and only there (a `[cluster]`
+    node's membership and forwarding, cluster/pair.py): made anew each time this
+    broker goes live, closed before its BrokerServer stops."""
+
+    async def prepare(self, server: Any) -> None:
+        """Before the server starts (it may set the server's ports)."""
+
+    async def started(self, server: Any) -> None:
+        """Once the server listens and the pair's live znode names it."""
+
+    async def close(self) -> None:
+        """This broker stops being live (stopped or demoted)."""
+
+
 class HaNode:
     def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop, stopped: asyncio.Event):
         if not settings.store.enabled:
@@ -122,6 +141,7 @@ class HaNode:
         self._last_reason = ""
         self._api: Any = None
         self.server_options: dict = {}      # BrokerServer's config_file / overrides (live reload)
+        self.companion_factory: Callable[[], LiveCompanion] | None = None
 
     # ------------------------------------------------------------------ start to stop
 
@@ -265,8 +285,11 @@ class HaNode:
                                              self._raise_failed, self.server_tls)
         server.store.replica = self.replication
         timers: list[Any] = [self.loop.call_later(TICK, self._tick), self.loop.create_task(self._renew())]
+        companion = self.companion_factory() if self.companion_factory is not None else None
         try:
             self._open_window("activated")
+            if companion is not None:
+                await companion.prepare(server)
             try:
                 await server.start()   # (the lease is renewed meanwhile: recovery may take a while)
             except (OSError, StoreError) as exc:   # a port in use, a store it cannot open: not to be retried
@@ -280,6 +303,8 @@ class HaNode:
             amqp = server.listeners[0]
             await self.zk.publish({"node": self.state.node_id, "replication": self.replication.address,
                                    "amqp": f"{amqp.host}:{amqp.port}"})
+            if companion is not None:
+                await companion.started(server)
             stop = self.loop.create_task(self.stopped.wait())
             demoted = self.loop.create_task(self._demoted.wait())
             timers += [stop, demoted]
@@ -304,6 +329,8 @@ class HaNode:
                 self.fence.state = LiveState.DEMOTED     # nothing more is read or written
                 self.replication.tracker.held = True
             await self.replication.close()
+            if companion is not None:
+                await companion.close()
             # A clean stop (SIGTERM) within the lease closes connections politely, the
             # window closing after the last word written.
             await server.stop(grace=0.5 if demoted else 5.0)
@@ -482,7 +509,8 @@ class HaNode:
 
 
 async def run_node(settings: Settings, loop: asyncio.AbstractEventLoop, config_file: Any = None,
-                   overrides: dict | None = None) -> int:
+                   overrides: dict | None = None,
+                   companion_factory: Callable[[], LiveCompanion] | None = None) -> int:
     """cli.py's entry with [ha]: until SIGTERM / SIGINT.  Exits only for what cannot
     be waited out (a bad configuration, a store that cannot be opened)."""
     from ..server.app import install_signal_handlers
@@ -492,6 +520,7 @@ async def run_node(settings: Settings, loop: asyncio.AbstractEventLoop, config_f
     try:
         node = HaNode(settings, loop, stopped)
         node.server_options = {"config_file": config_file, "overrides": overrides}   # live reload
+        node.companion_factory = companion_factory
         return await node.run()
     except (ValueError, OSError, StoreError) as exc:
         log.error("cannot start: %s", exc)

@@ -1,0 +1,120 @@
+"""The cluster side of one `[cluster]` node's broker: its ZooKeeper membership, the
+router that forwards what other nodes own, the inter-node listener and the shovels,
+put around a BrokerServer in four steps:
+
+  connect(server-less)   the ZooKeeper session and the slot map
+  attach(server)         the router becomes the server's ClusterPort (before start)
+  listen()               the inter-node listener (after start)
+  go_live()              take the node's live znode (waits while another process of
+                         the node's name holds it), then watch the others, shovel
+  close()                serve nothing, delete the live znode (session closed), stop
+
+A plain node (node.py `run_member`) runs them in a row.  A node that is an HA pair
+(cluster/pair.py) runs them in the live broker of the pair only, each time a broker of
+the pair goes live, and closes them when it stops or is demoted: the backup has no
+session, no znode and no listener, and a broker that takes over registers the same
+node id with its own addresses once the old one's znode is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from ..config import Settings
+from ..core.placement import SlotMap
+
+log = logging.getLogger("amqpbroker.cluster")
+
+
+class MemberSide:
+    def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop):
+        from .tls import node_tls
+        self.settings = settings
+        self.cfg = settings.cluster
+        self.loop = loop
+        self.secret = self.cfg.secret.encode()
+        self.tls = node_tls(settings)       # ValueError / OSError: a configuration to fix
+        self.membership: Any = None
+        self.slots: SlotMap | None = None
+        self.router: Any = None
+        self.server: Any = None
+        self.inter: asyncio.AbstractServer | None = None
+        self.where = ""
+        self.shovels: Any = None
+
+    async def connect(self) -> None:
+        """The ZooKeeper session and the slot map (raises when ZooKeeper cannot be had)."""
+        from .membership import Membership
+        from .node import check_partitioned, cluster_options
+        self.membership = Membership(self.cfg, self.loop)
+        try:
+            await self.membership.start()
+            slots = await self.membership.slot_map()
+            pinned, partitioned = cluster_options(self.settings)
+            self.slots = SlotMap(slots.owners, slots.live, slots.epoch, slots.pinned | pinned, partitioned)
+            check_partitioned(self.slots)
+        except BaseException:
+            await self.membership.stop()
+            raise
+
+    def _address_of(self, node: str) -> str:
+        # Asked at each connection to a node: after a node's pair failed over, its
+        # live znode names the new live broker's address.
+        info = self.membership.live.get(node)
+        if info is None:
+            raise OSError(f"node {node} is not live")
+        return info["inter"]
+
+    def attach(self, server: Any) -> None:
+        from .router import Router
+        cfg, membership = self.cfg, self.membership
+        self.server = server
+        router = self.router = Router(server, cfg.node_id, self.slots, self._address_of, self.secret)
+        router.serving = False            # until our live znode is held
+        router.redirect = cfg.redirect
+        router.tls = self.tls
+        router.client_address = lambda n: tuple(membership.live[n]["amqp"].rsplit(":", 1))
+        router.membership = membership
+        server.cluster = router
+
+    async def listen(self) -> None:
+        from .listener import start_listener
+        cfg, tls = self.cfg, self.tls
+        self.inter, self.where = await start_listener(self.server, self.secret, host=cfg.listen_host,
+                                                      port=cfg.listen_port,
+                                                      ssl_context=tls.server if tls is not None else None)
+
+    async def go_live(self) -> None:
+        from .shovel import Shovels
+        router, membership, cfg = self.router, self.membership, self.cfg
+
+        def changed() -> None:
+            router.slots = router.slots.with_live(membership.live)
+
+        def serving(yes: bool) -> None:
+            router.serving = yes
+
+        membership.on_change = changed
+        membership.on_serving = serving
+        main = self.server.listeners[0]
+        amqp = cfg.advertised_amqp or f"{main.host}:{main.port}"   # what clients are told (redirects, Spark)
+        await membership.go_live({"inter": cfg.advertised or self.where, "amqp": amqp})
+        membership.watch()
+        self.shovels = Shovels(self.server, router)
+        self.shovels.start()
+        log.info("cluster: node %s of %s, %d of %d slots, inter-node %s%s", cfg.node_id, ", ".join(cfg.nodes),
+                 len(self.slots.slots_of(cfg.node_id)), self.slots.slots, self.where,
+                 " (TLS)" if self.tls is not None else "")
+
+    async def close(self) -> None:
+        """Serve nothing more; closing the session deletes the live znode at once."""
+        if self.router is not None:
+            self.router.serving = False
+        if self.membership is not None:
+            await self.membership.stop()
+        if self.inter is not None:
+            self.inter.close()
+        if self.shovels is not None:
+            self.shovels.close()
