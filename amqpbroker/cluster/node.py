@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Settings
-from ..core.placement import DEFAULT_SLOTS, SlotMap, static_map
+from ..core.placement import DEFAULT_SLOTS, static_map
 
 log = logging.getLogger("amqpbroker.cluster")
 
@@ -76,6 +76,8 @@ async def run_worker(settings: Settings, loop: asyncio.AbstractEventLoop, spec: 
     pinned, partitioned = cluster_options(settings)
     slots = static_map(spec.nodes, spec.weights, spec.slots, pinned=pinned, partitioned=partitioned)
     secret = bytes.fromhex(spec.secret)
+    stopped = asyncio.Event()
+    install_signal_handlers(loop, stopped.set)   # before the start: a SIGTERM meanwhile stops it once up
     try:
         check_partitioned(slots)
         server = BrokerServer(settings, loop, config_file=config_file, overrides=overrides)
@@ -114,8 +116,7 @@ async def run_worker(settings: Settings, loop: asyncio.AbstractEventLoop, spec: 
              len(slots.slots_of(node)), slots.slots, where)
     from ..cli import tune_gc
     tune_gc()
-    stopped = asyncio.Event()
-    install_signal_handlers(loop, stopped.set, server.reloader.on_signal)
+    install_signal_handlers(loop, stopped.set, server.reloader.on_signal)   # SIGHUP: live reload, once started
     await stopped.wait()
     log.info("node %s shutting down", node)
     inter.close()
@@ -157,6 +158,19 @@ def _unix_path(address: str) -> str:
 __all__ = ["WorkerSpec", "run_worker", "worker_settings", "Any"]
 
 
+async def _unless_stopped(step: Any, stopped: asyncio.Event) -> None:
+    """Run `step` (a coroutine) unless a stop comes first: then it is cancelled."""
+    task = asyncio.ensure_future(step)
+    waiter = asyncio.ensure_future(stopped.wait())
+    await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return
+    task.result()
+
+
 async def run_member(settings: Settings, loop: asyncio.AbstractEventLoop, config_file: Path | None = None,
                      overrides: dict | None = None) -> int:
     """Run this broker as node `[cluster] node_id` until SIGTERM / SIGINT."""
@@ -172,6 +186,10 @@ async def run_member(settings: Settings, loop: asyncio.AbstractEventLoop, config
     except (ValueError, OSError) as exc:
         log.error("cannot start node %s: %s", cfg.node_id, exc)
         return 2
+    # Before the start, not after (as cli.py's plain broker): a SIGTERM while the node
+    # starts stops it cleanly once it is up, or while it waits for its live znode.
+    stopped = asyncio.Event()
+    install_signal_handlers(loop, stopped.set)
     try:
         await side.connect()
     except Exception as exc:
@@ -186,11 +204,10 @@ async def run_member(settings: Settings, loop: asyncio.AbstractEventLoop, config
         log.error("cannot start node %s: %s", cfg.node_id, exc)
         await side.membership.stop()
         return 2
-    await side.go_live()
+    await _unless_stopped(side.go_live(), stopped)
     from ..cli import tune_gc
     tune_gc()
-    stopped = asyncio.Event()
-    install_signal_handlers(loop, stopped.set, server.reloader.on_signal)
+    install_signal_handlers(loop, stopped.set, server.reloader.on_signal)   # SIGHUP: live reload, once started
     await stopped.wait()
     log.info("node %s shutting down", cfg.node_id)
     await side.close()

@@ -127,6 +127,16 @@ def test_a_killed_node_is_unavailable_until_it_is_back_and_loses_nothing(zk_clus
 
 def test_a_second_process_of_one_nodes_name_waits_until_the_first_is_gone(zk_cluster, tmp_path):
     cl = zk_cluster
+    # One stopped (SIGTERM) while it waits: a clean stop, status 0.  (Its handler came
+    # only once the node was live: the SIGTERM killed it, status -15.)
+    waiting = BrokerProcess(tmp_path / "c-waiting", config=cl.member_config("c"))
+    try:
+        waiting.start(timeout=40)
+        waiting.wait_for_log(r"node c is live elsewhere .*waiting", timeout=20)
+        assert waiting.stop() == 0, waiting.log_text()[-2000:]
+        assert "node c shutting down" in waiting.log_text()
+    finally:
+        waiting.stop()
     twin = BrokerProcess(tmp_path / "c-twin", config=cl.member_config("c"))
     try:
         twin.start(timeout=40)
