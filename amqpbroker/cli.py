@@ -83,6 +83,12 @@ def main(argv: list[str] | None = None) -> int:
             and settings.cluster.zookeeper is not None:
         print("amqpbroker: --workers and [cluster] do not go together yet (docs/cluster.md)", file=sys.stderr)
         return 2
+    if args.worker is None and args.workers != "1" and settings.ha is not None:
+        # The workers would each run a plain broker: the [ha] section would be silently
+        # dropped (a node of a cluster that is a pair is a [cluster] node: docs/cluster.md).
+        print("amqpbroker: --workers and [ha] do not go together (the workers are not HA pairs; a cluster "
+              "node that is a pair runs with [cluster] and [ha]: docs/cluster.md)", file=sys.stderr)
+        return 2
     if args.worker is None and args.workers != "1":   # serve --workers N (docs/cluster.md)
         from .cluster.workers import supervise, worker_count
         try:

@@ -59,3 +59,12 @@ def test_the_reserved_port_is_shared_by_listeners_with_so_reuseport():
     assert a.getsockname()[1] == port
     a.close()
     holder.close()
+
+
+def test_workers_with_an_ha_section_are_refused(tmp_path, capsys):
+    """The workers would each run a plain broker: [ha] would be dropped without a word."""
+    from amqpbroker.cli import main
+    config = tmp_path / "broker.toml"
+    config.write_text('[ha]\nrole = "primary"\nzookeeper = "127.0.0.1:1"\nsecret = "0123456789abcdef0123"\n')
+    assert main(["serve", "--config", str(config), "--workers", "2", "--data-dir", str(tmp_path / "d")]) == 2
+    assert "--workers and [ha] do not go together" in capsys.readouterr().err
