@@ -83,8 +83,6 @@ KEY_DOCS = {
                           "must present one, and SASL EXTERNAL is offered (the certificate names the user).",
     "tls.cert_user": "Which part of a client certificate names the user: its subject's `cn`, or the whole "
                      "RFC 4514 `subject`.",
-    "tls.cert_users": "Certificate subject (RFC 4514, \"CN=app1,O=Example\") or CN → user name; looked up "
-                      "before `cert_user` applies.",
     "websocket.host": "Address of the WebSocket listener.",
     "websocket.port": "Port of the WebSocket listener.",
     "websocket.cert_file": "Server certificate (PEM) for wss; goes with `key_file`.",
@@ -149,7 +147,6 @@ KEY_DOCS = {
     "ha.role": "`primary` or `backup`: the role a broker starts in; `auto`: whichever ZooKeeper decides.",
     "ha.zookeeper": "The ZooKeeper ensemble, `host:port[,host:port...]`.",
     "ha.zookeeper_session_timeout": "Seconds of the ZooKeeper session: a failover takes about this long.",
-    "ha.cluster": "The pair's name (its node under `/amqpbroker` in ZooKeeper).",
     "ha.node_id": "This broker's id in the pair. Unset: made once and kept in the data directory.",
     "ha.replication_host": "Where this broker listens for its backup's replication connection.",
     "ha.replication_port": "Port of the replication listener.",
@@ -391,4 +388,14 @@ def undocumented(root: type[BaseModel] | None = None) -> list[str]:
     return [k.path for k in walk(root) if shape_of(k.field.annotation).model is None and not description(k)]
 
 
-__all__ = ["KEY_DOCS", "SECTION_DOCS", "render", "undocumented"]
+def shadowed_key_docs(root: type[BaseModel] | None = None) -> list[str]:
+    """KEY_DOCS entries that never reach the reference: no such key, or the key's Field
+    has its own description (which wins in `description`)."""
+    if root is None:
+        from .config import Settings
+        root = Settings
+    plain = {k.path for k in walk(root) if not k.field.description}
+    return sorted(path for path in KEY_DOCS if path not in plain)
+
+
+__all__ = ["KEY_DOCS", "SECTION_DOCS", "render", "shadowed_key_docs", "undocumented"]

@@ -10,13 +10,19 @@ from pathlib import Path
 
 from amqpbroker.config import Settings
 from amqpbroker.config_help import env_name, shape_of, walk
-from amqpbroker.config_reference import render, undocumented
+from amqpbroker.config_reference import render, shadowed_key_docs, undocumented
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 
 
 def test_every_key_has_a_description():
     assert undocumented() == [], "give these settings a Field(description=...) in amqpbroker/config.py"
+
+
+def test_no_key_text_is_shadowed_or_orphaned():
+    # A KEY_DOCS text for a key whose Field has a description never shows (the Field's
+    # wins), and one for a removed key is dead: either would go stale unseen.
+    assert shadowed_key_docs() == [], "remove these KEY_DOCS entries (or the Field description)"
 
 
 def test_the_committed_reference_is_current():
