@@ -28,7 +28,6 @@ if TYPE_CHECKING:   # lower rooms, named for the types only
     from ..security.guard import AccessGuard
     from ..store.base import Store
     from ..store.durability import DurabilityManager
-    from .flow import FlowGate
     from .resources import ResourceWatch
 
 
@@ -66,7 +65,7 @@ class LinkServices(Protocol):
     subscriptions: SubscriptionRegistry
     transactions: TransactionRegistry
     access: AccessGuard
-    flow: FlowGate
+    flow: Any                         # flow.FlowGate (named loosely: it names the Producer)
     cluster: ClusterPort | None
 
     def flush_soon(self) -> None:
@@ -119,6 +118,13 @@ class AttachOwner(LinkOwner, Protocol):
 
     def refuse_after(self, link: Any, condition: str, description: str) -> None:
         """Refuse a link whose attach was answered already (detach with an error)."""
+
+
+class AttachContext(Protocol):
+    """The consumer attacher (attach.py `ConsumerAttacher`) as a sequence-range read
+    (sequence.py `attach_range_reader`) sees it: the connection it attaches for."""
+
+    handler: LinkOwner
 
 
 # ------------------------------------------------------------------ sockets, listeners

@@ -54,8 +54,7 @@ from .refusal import AttachRefused
 from .terminus import write_source, write_target
 
 if TYPE_CHECKING:
-    from .attach import ConsumerAttacher
-    from .ports import LinkOwner, ProducerOwner
+    from .ports import AttachContext, LinkOwner, ProducerOwner
 
 log = logging.getLogger("amqpbroker.sequence")
 
@@ -133,7 +132,7 @@ def range_filter(source: SourceTerms) -> Filter | None:
     return None
 
 
-def attach_range_reader(attacher: "ConsumerAttacher", link: Link, source: SourceTerms,
+def attach_range_reader(attacher: "AttachContext", link: Link, source: SourceTerms,
                         flt: Filter) -> "RangeReader":
     handler = attacher.handler
     try:
