@@ -40,8 +40,6 @@ KNOWN_UPWARD = {
         "cert_users keys validated as DNs with the same parser the broker uses",
     ("amqpbroker.config", "amqpbroker.management.expiry"):
         "expiry policies' durations parsed as the management API parses them",
-    ("amqpbroker.cluster.node", "amqpbroker.cli"):
-        "tune_gc after a node's start, as `serve` does",
 }
 
 # Within server/: the composition points that may import the connection handler
