@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import getpass
 import logging
 import os
@@ -13,6 +12,7 @@ from pathlib import Path
 
 from . import __version__
 from .config import ConfigError, Settings, load_settings
+from .server.resources import tune_gc
 
 log = logging.getLogger("amqpbroker")
 
@@ -142,16 +142,6 @@ def serve(settings: Settings, *, config_file: Path | None = None, overrides: dic
         return loop.run_until_complete(_run(settings, loop, config_file, overrides))
     finally:
         loop.close()
-
-
-def tune_gc() -> None:
-    """After start-up: everything built so far (recovered queues, the store's
-    structures) moves out of the collector's sight (gc.freeze), and the young
-    generation is collected every 50,000 allocations instead of 700.  Every
-    message allocates a handful of objects and almost none form cycles; the
-    default threshold spent ~10 % of a durable p2p run in the collector."""
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 100)
 
 
 async def _run(settings: Settings, loop: asyncio.AbstractEventLoop, config_file: Path | None = None,

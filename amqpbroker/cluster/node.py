@@ -114,7 +114,7 @@ async def run_worker(settings: Settings, loop: asyncio.AbstractEventLoop, spec: 
     log.info("amqp-node listening on %s:%d (node %s)", own.host, own.port, node)
     log.info("cluster: node %s of %d, %d of %d slots, inter-node %s", node, len(spec.nodes),
              len(slots.slots_of(node)), slots.slots, where)
-    from ..cli import tune_gc
+    from ..server.resources import tune_gc
     tune_gc()
     install_signal_handlers(loop, stopped.set, server.reloader.on_signal)   # SIGHUP: live reload, once started
     await stopped.wait()
@@ -205,7 +205,7 @@ async def run_member(settings: Settings, loop: asyncio.AbstractEventLoop, config
         await side.membership.stop()
         return 2
     await _unless_stopped(side.go_live(), stopped)
-    from ..cli import tune_gc
+    from ..server.resources import tune_gc
     tune_gc()
     install_signal_handlers(loop, stopped.set, server.reloader.on_signal)   # SIGHUP: live reload, once started
     await stopped.wait()

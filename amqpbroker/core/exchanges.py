@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Callable
+
+from .topics import topic_matches
 
 if TYPE_CHECKING:
     from .message import Message
@@ -36,31 +37,6 @@ class Binding:
     queue: "Queue"
     filter: BindingFilter | None = None
     arguments: dict[str, Any] = field(default_factory=dict)  # selector text, no-local… as declared
-
-
-@lru_cache(maxsize=65536)
-def topic_matches(pattern: str, key: str) -> bool:
-    """AMQP topic matching: `*` one word, `#` zero or more words."""
-    return _match(tuple(pattern.split(".")), tuple(key.split(".")))
-
-
-def _match(pattern: tuple[str, ...], words: tuple[str, ...]) -> bool:
-    """The places in `words` each prefix of the pattern can end at, one pattern word
-    at a time: time len(pattern) x len(words).  (Trying every way to share the words
-    among several '#' was exponential: a client's binding key `#.#.#.#.#.#.#.#.#.#.z`
-    against a 20-word subject held the loop 35 s.)"""
-    n = len(words)
-    ends = [0]                       # ascending: where the pattern so far may end
-    for head in pattern:
-        if head == "#":              # zero or more words: from the first place on
-            ends = list(range(ends[0], n + 1))
-        elif head == "*":
-            ends = [i + 1 for i in ends if i < n]
-        else:
-            ends = [i + 1 for i in ends if i < n and words[i] == head]
-        if not ends:
-            return False
-    return ends[-1] == n
 
 
 def binding_matches(kind: ExchangeType, binding_key: str, routing_key: str) -> bool:

@@ -28,7 +28,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from .exchanges import topic_matches
+from .topics import topic_matches
 
 
 OVERFLOW_REASON = "queue full (overflow drop-head)"   # the dead-letter reason of make_room

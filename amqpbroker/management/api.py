@@ -39,7 +39,7 @@ from .request_guard import RequestGuard
 from .request_policy import HostPolicy
 
 if TYPE_CHECKING:
-    from .service import Operations
+    from .port import ApiOperations
 
 log = logging.getLogger("amqpbroker.management")
 
@@ -260,7 +260,7 @@ def accepts_gzip(header: str) -> bool:
 
 # ---------------------------------------------------------------------- the app
 
-def build_app(ops: "Operations") -> FastAPI:
+def build_app(ops: "ApiOperations") -> FastAPI:
     admin = ops.admin
     app = FastAPI(title="amqpbroker management API", version="1",
                   description="Queues, exchanges, bindings, subscriptions and connections of a "

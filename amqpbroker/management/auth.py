@@ -40,7 +40,7 @@ from ..security.acl import MANAGE, pattern_matches
 from .admin import AdminError
 
 if TYPE_CHECKING:
-    from .service import Operations
+    from .port import AuthOperations
 
 log = logging.getLogger("amqpbroker.management")
 
@@ -53,7 +53,7 @@ class Unauthorized(AdminError):
 
 
 class Principal:
-    def __init__(self, user: str | None, groups: frozenset[str], ops: "Operations"):
+    def __init__(self, user: str | None, groups: frozenset[str], ops: "AuthOperations"):
         self.user = user
         self.groups = groups
         self.ops = ops
@@ -111,7 +111,7 @@ def basic_credentials(header: str) -> tuple[str | None, str]:
 class Authenticator:
     """The FastAPI dependency: `Depends(ops.authenticator)`."""
 
-    def __init__(self, ops: "Operations", clock: Callable[[], float] = time.monotonic,
+    def __init__(self, ops: "AuthOperations", clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep):
         self.ops = ops
         self.clock = clock

@@ -14,7 +14,7 @@ from .auth import Principal
 from .messages import MAX_BROWSE
 
 if TYPE_CHECKING:
-    from .service import Operations
+    from .port import MessageOperations
 
 
 class MoveIn(BaseModel):
@@ -105,7 +105,7 @@ class BackupOut(BaseModel):
 
 
 
-def add_message_routes(app: FastAPI, ops: "Operations", auth: Any) -> None:
+def add_message_routes(app: FastAPI, ops: "MessageOperations", auth: Any) -> None:
     @app.get("/api/queues/{name:path}/messages", response_model=MessagesOut, tags=["messages"],
              summary="Browse a queue's waiting messages (nothing is delivered or changed)")
     async def browse_messages(

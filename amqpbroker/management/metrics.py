@@ -25,7 +25,7 @@ from .ha import ha_figures
 from .pacing import paced, paced_each
 
 if TYPE_CHECKING:
-    from .service import Operations
+    from .port import MetricsOperations
 
 
 def queue_reader(cols: QueueColumns) -> Callable[[Any], None]:
@@ -61,7 +61,7 @@ def store_figures(store: Any) -> StoreFigures:
 
 
 class Metrics:
-    def __init__(self, ops: "Operations"):
+    def __init__(self, ops: "MetricsOperations"):
         self.ops = ops
         self.carry = CounterCarry()              # touched by the worker thread only
         self._copying: asyncio.Future[BrokerFigures] | None = None

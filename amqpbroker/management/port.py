@@ -153,5 +153,57 @@ class ManagedBroker(Protocol):
     async def reload_config(self, who: str, allow_open: bool = False) -> dict: ...   # live reload; ValueError: nothing changed
 
 
-__all__ = ["ConnectionSocket", "ListenerInfo", "ManagedBroker", "ManagedConnection", "ManagedStore",
-           "UserDirectory"]
+# ---------------------------------------------------------------- the operations, as the HTTP side sees them
+# service.py `Operations` builds the authenticator, the metrics and the API: the
+# modules it builds name it through these ports, never by importing it
+# (tests/test_layering.py).  Members named `Any` are management's own lower parts
+# (admin.Admin, messages.MessageOps, auth.Authenticator, metrics.Metrics).
+
+
+class AuthOperations(Protocol):
+    """What auth.py (`Principal`, `Authenticator`) uses of the operations."""
+
+    managed: ManagedBroker
+    settings: Settings
+    auth_throttle: Any             # security/throttle.py: failed attempts, per address and user
+    http_auth_failures: int        # counted here, shown in /metrics
+
+
+class MetricsOperations(Protocol):
+    """What metrics.py (`Metrics`) reads of the operations."""
+
+    managed: ManagedBroker
+    settings: Settings
+    admin: Any
+    auth_throttle: Any
+    expiry_actions: dict[str, int]   # expiry policy actions taken, by action
+
+    @property
+    def auth_failures(self) -> int: ...   # SASL and HTTP together
+
+    def clock(self) -> float: ...
+
+    async def off_loop(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any: ...
+
+
+class MessageOperations(Protocol):
+    """What message_api.py (the message routes) uses of the operations."""
+
+    messages: Any
+
+    async def reload(self, who: str, allow_open: bool = False) -> dict: ...
+
+
+class ApiOperations(MessageOperations, Protocol):
+    """What api.py (`build_app`) uses of the operations (and hands to the message routes)."""
+
+    settings: Settings
+    admin: Any
+    authenticator: Any
+    metrics: Any
+
+    async def off_loop(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any: ...
+
+
+__all__ = ["ApiOperations", "AuthOperations", "ConnectionSocket", "ListenerInfo", "ManagedBroker",
+           "ManagedConnection", "ManagedStore", "MessageOperations", "MetricsOperations", "UserDirectory"]

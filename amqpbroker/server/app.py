@@ -32,6 +32,7 @@ from ..store.lmdb_store import LmdbStore
 from .alarm_watch import AlarmWatch
 from .engine import AmqpProtocol
 from .flow import FlowGate
+from .handlers import ConnectionHandler
 from .peer_fields import symbols
 from .ports import ClusterPort
 from .resources import ResourceWatch
@@ -66,6 +67,10 @@ class Listener:
 
 
 class BrokerServer:
+    # The composition point of a connection: its engine (engine.AmqpProtocol) hands
+    # its events to what this builds, named there through ports.ConnectionServer.
+    make_handler = ConnectionHandler
+
     def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop | None = None, *,
                  config_file: Path | None = None, overrides: dict[str, Any] | None = None):
         self.settings = settings

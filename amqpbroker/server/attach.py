@@ -28,7 +28,7 @@ from .sequence import attach_range_reader, range_filter
 from .terminus import read_source, write_source
 
 if TYPE_CHECKING:
-    from .handlers import ConnectionHandler
+    from .ports import AttachOwner
 
 log = logging.getLogger("amqpbroker.attach")
 
@@ -42,7 +42,7 @@ def temp_name(kind: str, cluster: Any = None) -> str:
 
 
 class ConsumerAttacher:
-    def __init__(self, handler: "ConnectionHandler"):
+    def __init__(self, handler: "AttachOwner"):
         self.handler = handler
         self.server = handler.server
         self.broker = handler.broker

@@ -23,7 +23,7 @@ from .links import ACCEPTED, REJECTED
 from .producers import Producer
 
 if TYPE_CHECKING:
-    from .handlers import ConnectionHandler
+    from .ports import LinkOwner, ProducerOwner
     from .links import LinkConsumer
 
 log = logging.getLogger("amqpbroker.transactions")
@@ -48,7 +48,7 @@ class Coordinator(Producer):
 
     gated = False   # not paced by alarms or queue limits (server/flow.py)
 
-    def __init__(self, handler: "ConnectionHandler", link: Link, credit: int):
+    def __init__(self, handler: "ProducerOwner", link: Link, credit: int):
         super().__init__(handler, link, None, credit, 64 * 1024)
         self.txns = handler.server.transactions
 
@@ -116,7 +116,7 @@ def transactional_txn_id(dlv: Any) -> object:
     return data[0] if data else b""
 
 
-def stage_send(handler: "ConnectionHandler", producer: Producer, dlv: Any, msg: Message, target: Any) -> None:
+def stage_send(handler: "LinkOwner", producer: Producer, dlv: Any, msg: Message, target: Any) -> None:
     """A transfer inside a transaction: staged, answered transactional-state{txn, accepted}."""
     txn_id = transactional_txn_id(dlv)
     try:
@@ -131,7 +131,7 @@ def stage_send(handler: "ConnectionHandler", producer: Producer, dlv: Any, msg: 
     producer.settle_in_order(dlv, TRANSACTIONAL_STATE, data=[txn.txn_id, ACCEPTED_OUTCOME])
 
 
-def stage_ack(handler: "ConnectionHandler", consumer: "LinkConsumer", dlv: Delivery, entry: Any) -> None:
+def stage_ack(handler: "LinkOwner", consumer: "LinkConsumer", dlv: Delivery, entry: Any) -> None:
     """A settled disposition in transactional-state{txn, outcome}: applied at discharge."""
     data = dlv.remote.data or []
     txn_id = data[0] if data else b""

@@ -20,12 +20,11 @@ from ..core.entries import held_batch
 from ..core.wire import FrameGuard
 from ..looptrace import TRACE
 from ..security.throttle import source_address
-from .handlers import ConnectionHandler
 from .input_slices import SlicedInput
 from .sasl import Handshake, HandshakeState, SaslCode
 
 if TYPE_CHECKING:
-    from .app import BrokerServer, Listener
+    from .ports import ConnectionServer, ListenerSpec
 
 log = logging.getLogger("amqpbroker.engine")
 
@@ -72,7 +71,7 @@ class OutputHold:
 
 
 class AmqpProtocol(SlicedInput, asyncio.Protocol):
-    def __init__(self, server: "BrokerServer", listener: "Listener"):
+    def __init__(self, server: "ConnectionServer", listener: "ListenerSpec"):
         self.server = server
         self.listener = listener
         self.loop = server.loop
@@ -324,7 +323,7 @@ class AmqpProtocol(SlicedInput, asyncio.Protocol):
         conn.collect(coll)
         t.bind(conn)
         self.transport, self.connection, self.collector = t, conn, coll
-        self.handler = ConnectionHandler(self)
+        self.handler = self.server.make_handler(self)   # handlers.ConnectionHandler (app.py)
         self.guard = FrameGuard()
         if leftover:
             self._push(leftover)

@@ -22,7 +22,7 @@ from .links import ACCEPTED, REJECTED
 from .sequence import dedup_publish
 
 if TYPE_CHECKING:
-    from .handlers import ConnectionHandler
+    from .ports import LinkOwner
     from .producers import Producer
 
 log = logging.getLogger("amqpbroker.connection")
@@ -30,7 +30,7 @@ log = logging.getLogger("amqpbroker.connection")
 _REFUSALS = (MalformedMessage, AddressNotFound, QueueLimit)   # what a received message may be refused for
 
 
-def receive(handler: "ConnectionHandler", producer: Producer, dlv: Any, raw: bytes) -> None:
+def receive(handler: "LinkOwner", producer: Producer, dlv: Any, raw: bytes) -> None:
     """A complete message arrived on a producer link."""
     store = handler.server.store
     try:
@@ -70,7 +70,7 @@ def receive(handler: "ConnectionHandler", producer: Producer, dlv: Any, raw: byt
     route(handler, producer, dlv, msg, target)
 
 
-def route(handler: "ConnectionHandler", producer: Producer, dlv: Any, msg: Message, target: Resolution) -> None:
+def route(handler: "LinkOwner", producer: Producer, dlv: Any, msg: Message, target: Resolution) -> None:
     """Stage, or publish and answer, a received message whose target is known."""
     store = handler.server.store
     try:
@@ -94,7 +94,7 @@ def route(handler: "ConnectionHandler", producer: Producer, dlv: Any, msg: Messa
         producer.settle_in_order(dlv, ACCEPTED)
 
 
-def _refused(handler: "ConnectionHandler", producer: Producer, dlv: Any, exc: Exception) -> None:
+def _refused(handler: "LinkOwner", producer: Producer, dlv: Any, exc: Exception) -> None:
     """Answer a message the broker refuses: rejected with the condition."""
     if isinstance(exc, MalformedMessage):
         _reject(handler, producer, dlv, "amqp:decode-error", str(exc))
@@ -104,7 +104,7 @@ def _refused(handler: "ConnectionHandler", producer: Producer, dlv: Any, exc: Ex
         _reject(handler, producer, dlv, RESOURCE_LIMIT, str(exc))
 
 
-def _reject(handler: "ConnectionHandler", producer: Producer, dlv: Any, condition: str, description: str) -> None:
+def _reject(handler: "LinkOwner", producer: Producer, dlv: Any, condition: str, description: str) -> None:
     log.warning("connection %s: message on link '%s' rejected: %s: %s", handler.protocol.peer,
                 producer.link.name, condition, description)
     if lib.pn_delivery_settled(dlv):

@@ -24,7 +24,7 @@ from ..core.settlement import LinkEnding, counts_as_failed
 from .outbound import DELIVERY_COST, BoundedOutput
 
 if TYPE_CHECKING:
-    from .handlers import ConnectionHandler
+    from .ports import ConsumerOwner
 
 log = logging.getLogger("amqpbroker.links")
 
@@ -47,7 +47,7 @@ LATE_OUTCOME_WINDOW = 5.0
 class LinkConsumer(BoundedOutput):
     """A sending link on a queue: implements core.queues.ConsumerPort."""
 
-    def __init__(self, handler: "ConnectionHandler", link: Link, queue: Queue, *,
+    def __init__(self, handler: "ConsumerOwner", link: Link, queue: Queue, *,
                  selector: Any = None, no_local: bool = False, browser: bool = False):
         self.consumer_id = next(_consumer_ids)
         self.handler = handler

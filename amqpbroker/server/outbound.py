@@ -11,7 +11,7 @@ from cproton import lib
 from ..core import outbound
 
 if TYPE_CHECKING:
-    from .handlers import ConnectionHandler
+    from .ports import LinkOwner
 
 DELIVERY_COST = outbound.DELIVERY_COST
 
@@ -24,7 +24,7 @@ class BoundedOutput:
     flush that writes anything calls `output_moved` (from the loop)."""
 
     __slots__ = ()
-    handler: "ConnectionHandler"
+    handler: "LinkOwner"
     impl: Any
     _session: Any
     _budget: int

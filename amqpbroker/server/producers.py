@@ -23,7 +23,7 @@ from .links import ACCEPTED, REJECTED, RELEASED, TRANSFER_LIMIT
 
 if TYPE_CHECKING:
     from ..core.addresses import Resolution
-    from .handlers import ConnectionHandler
+    from .ports import ProducerOwner
 
 log = logging.getLogger("amqpbroker.links")
 
@@ -35,7 +35,7 @@ class Producer:
     they arrived on the link's session (core/ordering.py), with credit from the flow
     gate (server/flow.py), which the peer must not exceed (core/credit.py)."""
 
-    def __init__(self, handler: "ConnectionHandler", link: Link, target: "Resolution | None",
+    def __init__(self, handler: "ProducerOwner", link: Link, target: "Resolution | None",
                  credit: int, max_message_size: int):
         self.handler = handler
         self.link = link

@@ -36,7 +36,7 @@ from ..security.users import UserStore, users_from
 from .terminus import read_source, read_target
 
 if TYPE_CHECKING:
-    from .app import BrokerServer
+    from .ports import ReloadTarget
 
 log = logging.getLogger("amqpbroker")
 
@@ -50,7 +50,7 @@ def _no_wait(path: str, flags: int) -> int:
 
 
 class ConfigReloader:
-    def __init__(self, server: "BrokerServer", config_file: Path | None, overrides: dict[str, Any], *,
+    def __init__(self, server: "ReloadTarget", config_file: Path | None, overrides: dict[str, Any], *,
                  settle: float = SETTLE, sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep):
         self.server = server
         self.config_file = config_file

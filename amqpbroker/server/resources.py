@@ -11,11 +11,12 @@
   connections closing or bytes moving, once traffic is low for QUIET_FOR, a heap trim
   gives it back.  Closed connections hold no reference cycle (ConnectionHandler.release),
   so they are freed at once, without waiting for a garbage collection an idle broker,
-  with its raised thresholds (cli.tune_gc), would never run.
+  with its raised thresholds (tune_gc, below), would never run.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import resource
@@ -133,3 +134,13 @@ class ResourceWatch:
 
 
 __all__ = ["ResourceWatch", "raise_fd_limit", "open_fds", "RESERVE"]
+
+
+def tune_gc() -> None:
+    """After start-up: everything built so far (recovered queues, the store's
+    structures) moves out of the collector's sight (gc.freeze), and the young
+    generation is collected every 50,000 allocations instead of 700.  Every
+    message allocates a handful of objects and almost none form cycles; the
+    default threshold spent ~10 % of a durable p2p run in the collector."""
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)

@@ -54,8 +54,7 @@ from .refusal import AttachRefused
 from .terminus import write_source, write_target
 
 if TYPE_CHECKING:
-    from .attach import ConsumerAttacher
-    from .handlers import ConnectionHandler
+    from .ports import AttachContext, LinkOwner, ProducerOwner
 
 log = logging.getLogger("amqpbroker.sequence")
 
@@ -133,7 +132,7 @@ def range_filter(source: SourceTerms) -> Filter | None:
     return None
 
 
-def attach_range_reader(attacher: "ConsumerAttacher", link: Link, source: SourceTerms,
+def attach_range_reader(attacher: "AttachContext", link: Link, source: SourceTerms,
                         flt: Filter) -> "RangeReader":
     handler = attacher.handler
     try:
@@ -174,7 +173,7 @@ class RangeReader(BoundedOutput):
     link's credit (as for LinkConsumer.credit).  Nor while the engine holds as much of
     it unsent as it may (BoundedOutput: a peer whose session window stays closed)."""
 
-    def __init__(self, handler: "ConnectionHandler", link: Link, queue: Queue, served: SeqRange):
+    def __init__(self, handler: "LinkOwner", link: Link, queue: Queue, served: SeqRange):
         self.handler = handler
         self.link = link
         self.impl = link._impl
@@ -292,7 +291,7 @@ class RangeReader(BoundedOutput):
 # ---------------------------------------------------------------------- control addresses
 
 
-def attach_control(handler: "ConnectionHandler", link: Link, target: TargetTerms) -> "ControlLink":
+def attach_control(handler: "ProducerOwner", link: Link, target: TargetTerms) -> "ControlLink":
     link.source.copy(link.remote_source)
     write_target(link.target, target)
     link.snd_settle_mode = link.remote_snd_settle_mode
@@ -306,7 +305,7 @@ class ControlLink(Producer):
 
     gated = False   # acknowledgements drain queues: never held by alarms or limits (server/flow.py)
 
-    def __init__(self, handler: "ConnectionHandler", link: Link, address: str):
+    def __init__(self, handler: "ProducerOwner", link: Link, address: str):
         super().__init__(handler, link, None, 100, 1 << 20)
         self.address = address
 
@@ -480,7 +479,7 @@ def _dedup_address(producer: Producer, target: Resolution, msg: Message) -> str:
     return address
 
 
-def dedup_publish(handler: "ConnectionHandler", producer: Producer, dlv: Any, msg: Message,
+def dedup_publish(handler: "LinkOwner", producer: Producer, dlv: Any, msg: Message,
                   target: Resolution) -> bool:
     """Publish unless the message-id was already seen on this address.  True when
     the message was a duplicate: it has been settled (accepted) and dropped."""

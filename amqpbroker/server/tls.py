@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..core.handshakes import LogLimiter
 
 if TYPE_CHECKING:
-    from .app import BrokerServer, Listener
+    from .ports import ConnectionServer, ListenerSpec
 
 log = logging.getLogger("amqpbroker.tls")
 
@@ -99,7 +99,7 @@ def _asyncio_ssl_protocol() -> type:
     return SSLProtocol
 
 
-def tls_protocol_factory(server: "BrokerServer", listener: "Listener",
+def tls_protocol_factory(server: "ConnectionServer", listener: "ListenerSpec",
                          inner: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
     """Protocols for a TLS listener's sockets: the loop's TLS protocol around `inner`
     (which sees the TLS transport once the handshake is done), with a waiter whose

@@ -56,7 +56,7 @@ from ..core.origins import origin_refusal
 from .engine import AmqpProtocol
 
 if TYPE_CHECKING:
-    from .app import BrokerServer, Listener
+    from .ports import ConnectionServer, ListenerSpec
 
 log = logging.getLogger("amqpbroker.websocket")
 
@@ -74,7 +74,7 @@ _refusals = LogLimiter(10.0)  # refused upgrades: one log line per address, then
 class WebSocketAmqp(asyncio.Protocol):
     """One accepted socket of a WebSocket listener."""
 
-    def __init__(self, server: "BrokerServer", listener: "Listener"):
+    def __init__(self, server: "ConnectionServer", listener: "ListenerSpec"):
         self.listener = listener
         self.ws = WSConnection(ConnectionType.SERVER)
         self.amqp = AmqpProtocol(server, listener)
