@@ -235,7 +235,13 @@ class ForwardedLink:
             self._answer_client(self.client_closed, None)
             self.state = "done"
         else:
-            self._answer_client(False, cond)
+            # Closed, not just detached: this node can never resume the link (its owner
+            # side is gone with the connection), and a detach that does not close reads
+            # to a client as "suspended" (AMQP 1.0 §2.6.6): proton's blocking clients
+            # then wait forever.  As when the broker ends a link itself (an ACL
+            # reload), the close ends the link, not a durable subscription at the owner:
+            # the client's closing answer is not forwarded anywhere.
+            self._answer_client(True, cond)
             self.state = "peer-detached"
         self.peer_gone()
 

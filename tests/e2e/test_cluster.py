@@ -248,12 +248,16 @@ def test_owner_killed_its_addresses_are_unavailable_until_it_is_back(own_cluster
         snd = sender(conn, q)
         for i in range(10):
             snd.send(Message(body=i, durable=True))   # each Accepted after n1's commit
+        snd.close()
         rcv = receiver(conn, q, credit=0)
         mark = len(cl.lines)
         cl.kill_node("n1")
-        # Detached (closed=false: a durable subscription would stay), with the reason.
-        conn.wait(lambda: rcv.link.remote_condition is not None, timeout=10, msg="the forwarded link ends")
-        assert rcv.link.remote_condition.name == "amqpbroker:resource-unavailable"
+        # Closed (the node in front cannot resume it), with the reason: a blocking
+        # client sees the end instead of a link that is silently never served again.
+        with pytest.raises(LinkDetached) as ended:
+            conn.wait(lambda: False, timeout=120, msg="the forwarded link was never ended")
+        assert ended.value.link.name == rcv.link.name
+        assert ended.value.condition == "amqpbroker:resource-unavailable"
         refused = expect_refused(receiver, conn, q)
         assert "amqpbroker:resource-unavailable" in str(refused)
         cl.wait_nodes(after=mark)       # the supervisor starts n1 again on its store
