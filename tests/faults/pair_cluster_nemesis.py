@@ -37,6 +37,7 @@ from typing import Callable
 
 from tests.faults.checker import Window
 from tests.faults.harness import FaultBroker
+from tests.faults.nemesis import Nemesis as PairNemesis
 
 KINDS = (("kill", "live", 2.0), ("kill", "backup", 1.0), ("pause", "live", 2.0),
          ("pause-zk", "zookeeper", 1.5), ("kill", "b", 1.5))
@@ -75,9 +76,10 @@ def schedule(seed: int, seconds: float, pair_session: float, cluster_session: fl
     return faults
 
 
-class Nemesis:
-    """Carries out `faults` on a PairedCluster of FaultBrokers; `progress()` is the
-    smallest count of messages Accepted by one producer."""
+class Nemesis(PairNemesis):
+    """Carries out `faults` on a PairedCluster of FaultBrokers (start, join and the
+    notes are the pair's nemesis's); `progress()` is the smallest count of messages
+    Accepted by one producer."""
 
     def __init__(self, cluster, faults: list[Fault], progress: Callable[[], int],
                  describe: Callable[[], str] = lambda: ""):
@@ -89,21 +91,6 @@ class Nemesis:
         self.stop = threading.Event()
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="pair-cluster-nemesis", daemon=True)
-
-    def start(self) -> "Nemesis":
-        self.thread.start()
-        return self
-
-    def join(self, timeout: float) -> None:
-        self.thread.join(timeout)
-        if self.thread.is_alive():
-            self.stop.set()
-            raise TimeoutError("the nemesis did not finish its schedule:\n" + self.tails())
-        if self.error is not None:
-            raise self.error
-
-    def _note(self, what: str) -> None:
-        self.done.append((time.time(), what))
 
     def _run(self) -> None:
         try:
