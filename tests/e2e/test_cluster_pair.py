@@ -13,7 +13,6 @@ No duration is asserted: every wait is for an event, with generous deadlines.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import uuid
@@ -22,85 +21,11 @@ from collections import Counter
 import pytest
 from proton import Message, Timeout
 
-from amqpbroker.core.placement import slot_of, static_map
-from tests.broker_process import BrokerProcess
 from tests.client import connect
-from tests.e2e.ha_harness import HaBroker, ZooKeeper, free_port, pair_config
+from tests.e2e.paired_cluster import PairedCluster, owned_by
 from tests.e2e.test_cluster_zk import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
-
-SECRET = "cluster-test-secret-0123456789"
-NODES = ("a", "b")
-OWNERS = static_map(list(NODES), {}).owners
-
-
-def owned_by(node: str) -> str:
-    while True:
-        name = f"q-{uuid.uuid4().hex[:8]}"
-        if OWNERS[slot_of(name)] == node:
-            return name
-
-
-def cluster_section(zk: ZooKeeper, name: str, node: str) -> str:
-    nodes = ", ".join(f'"{n}"' for n in NODES)
-    return ("[cluster]\n"
-            f'zookeeper = "{zk.hosts}"\nzookeeper_session_timeout = 4.0\nname = "{name}"\n'
-            f'node_id = "{node}"\nnodes = [{nodes}]\nlisten_port = 0\nsecret = "{SECRET}"\n')
-
-
-class PairedCluster:
-    def __init__(self, tmp_path):
-        self.tmp = tmp_path
-        self.name = f"c{uuid.uuid4().hex[:8]}"
-        self.zk: ZooKeeper | None = None
-        self.pair: dict[str, HaBroker] = {}
-        self.b: BrokerProcess | None = None
-
-    def start(self) -> "PairedCluster":
-        try:
-            return self._start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def _start(self) -> "PairedCluster":
-        self.zk = ZooKeeper(self.tmp / "zk").start()
-        cluster = cluster_section(self.zk, self.name, "a")
-        for name, role in (("primary", "primary"), ("backup", "backup")):
-            port = free_port()
-            config = pair_config(self.zk, "unused", role, port).replace('cluster = "unused"\n', "") + cluster
-            self.pair[name] = HaBroker(name, self.tmp / name, config, port)
-        self.pair["primary"].start().wait_live()
-        self.pair["primary"].wait_for_log(r"cluster: node a is live \(", 30)
-        self.pair["backup"].start().wait_for_log("in sync with the live broker", 60)
-        self.b = BrokerProcess(self.tmp / "b", config=cluster_section(self.zk, self.name, "b"))
-        self.b.start(timeout=40)
-        self.b.wait_for_log(r"cluster: node b is live \(", timeout=30)
-        self.b.wait_for_log(r"cluster: node a is live$", timeout=30)
-        return self
-
-    def live_znode(self, node: str) -> dict | None:
-        from kazoo.client import KazooClient
-        from kazoo.exceptions import NoNodeError
-        client = KazooClient(hosts=self.zk.hosts)
-        client.start(15)
-        try:
-            data, _ = client.get(f"/amqpbroker-cluster/{self.name}/live/{node}")
-            return json.loads(data)
-        except NoNodeError:
-            return None
-        finally:
-            client.stop()
-            client.close()
-
-    def stop(self) -> None:
-        for broker in self.pair.values():
-            broker.kill()
-        if self.b is not None:
-            self.b.stop()
-        if self.zk is not None:
-            self.zk.stop()
 
 
 @pytest.fixture
