@@ -50,16 +50,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.timeout(SECONDS *
 
 class LinkAwareProducer(FailoverProducer):
     """A link the broker ends is lost like the connection: unsettled sends are in
-    doubt, and the client connects again.  A forwarded link whose owner went ends
-    with a detach that does not close it (`amqpbroker:resource-unavailable`, AMQP 1.0
-    §2.6.5), an event proton's MessagingHandler leaves unhandled."""
+    doubt, and the client connects again.  A forwarded link whose owner went is
+    closed with `amqpbroker:resource-unavailable` (AMQP 1.0 §2.6.6)."""
 
     def on_link_remote_close(self, event):
         if event.link == self.link and self.conn is not None:
             self.lost(event)
-
-    def on_link_remote_detach(self, event):
-        self.on_link_remote_close(event)
 
 
 def fault_broker(name, data_dir, config, port) -> FaultBroker:
