@@ -20,6 +20,7 @@ from collections import Counter
 
 import pytest
 from proton import Message, Timeout
+from proton.utils import LinkDetached
 
 from tests.client import connect
 from tests.e2e.paired_cluster import PairedCluster, owned_by
@@ -207,15 +208,14 @@ class ReattachingConsumer(threading.Thread):
                 self.bodies.append(msg.body)
                 rcv.accept()
             except Timeout:
-                # The broker ends a forwarded link whose owner went with a detach
-                # that does not close it (AMQP 1.0 §2.6.5, an error condition), which
-                # proton's blocking receiver does not raise: look at the link.
-                if rcv.link.remote_condition is not None:
-                    self.failures["detached"] += 1
-                    self.conditions.append(rcv.link.remote_condition.name)
-                    close_quietly(conn)
-                    conn = rcv = None
                 continue
+            except LinkDetached as exc:
+                # A forwarded link whose owner went is closed with its reason.
+                self.failures["detached"] += 1
+                self.conditions.append(exc.condition)
+                close_quietly(conn)
+                conn = rcv = None
+                time.sleep(0.3)
             except Exception as exc:   # noqa: BLE001 - attach again
                 self.failures[type(exc).__name__] += 1
                 close_quietly(conn)
