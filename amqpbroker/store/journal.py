@@ -144,6 +144,7 @@ class Journal:
         self.floor = checkpoint.epoch if checkpoint is not None else 0   # the highest epoch seen
         self.position = RECORDS_AT          # where the next record goes
         self.checkpointed = time.monotonic()
+        self.trace = None                   # the writer's loop trace (looptrace.py), or None
 
     # ------------------------------------------------------------------ open
 
@@ -196,7 +197,11 @@ class Journal:
         written = os.pwrite(self.fd, record, self.position)
         if written != len(record):
             raise OSError(f"journal: short write ({written} of {len(record)} bytes)")
+        if self.trace is not None:
+            self.trace.mark("w-write", len(record))
         os.fdatasync(self.fd)
+        if self.trace is not None:
+            self.trace.mark("w-sync", len(record))
         self.position += len(record)
 
     def records(self) -> Iterator[bytes]:

@@ -177,6 +177,7 @@ class Writer:
             log.info("store: %d batch(es) of the journal applied again", replay(self.env, self.dbs, records))
         self.journal = journal or journal_mod.Journal.open(path)
         self.pin: lmdb.Transaction | None = None   # the last checkpoint's snapshot (journal.py)
+        self.trace = None   # the writer's loop trace (looptrace.py, serve), or None
         self.checkpoint()
         # Only now may a dead writer's pin on an earlier checkpoint go.
         self.env.reader_check()
@@ -216,6 +217,8 @@ class Writer:
             except Exception as exc:   # MemoryError, I/O: reported, producers are told
                 self.commit_removals(batches)
                 return "error", f"{type(exc).__name__}: {exc}"
+        if self.trace is not None:
+            self.trace.mark("w-txn", len(batches))
         self.log(b"".join(frames))
         if self.full:
             self.full = self.usage() > FULL_AT
@@ -298,6 +301,8 @@ def _die_with_parent() -> None:
 
 
 def serve(writer: Writer, fd_in: int, fd_out: int) -> None:
+    from .. import looptrace   # (here: only the writer process has this trace)
+    trace = writer.trace = writer.journal.trace = looptrace.from_env(".writer")
     buf = bytearray()
     into = memoryview(bytearray(READ_SIZE))   # reads land here: no 1 MiB allocation per read
     release_at = 0.0
@@ -316,6 +321,8 @@ def serve(writer: Writer, fd_in: int, fd_out: int) -> None:
                 release_map(writer.path)
                 trim_heap()
                 continue
+        if trace is not None:
+            trace.mark("w-wake", len(buf))
         batches: list[Batch] = []
         frames: list[bytes] = []
         last = None
@@ -339,6 +346,8 @@ def serve(writer: Writer, fd_in: int, fd_out: int) -> None:
             buf += into[:n]
         if last is None:
             continue
+        if trace is not None:
+            trace.mark("w-read", len(batches), last)
         started = time.perf_counter()
         kind, text = writer.commit(batches, frames)
         elapsed = time.perf_counter() - started
@@ -350,6 +359,8 @@ def serve(writer: Writer, fd_in: int, fd_out: int) -> None:
         if writer.faults is not None:
             writer.faults.check("result-write")
         os.write(fd_out, frame(result))   # small: a pipe takes it whole
+        if trace is not None:
+            trace.mark("w-result", 0, last)
         touched = True
         if writer.journal.used >= writer.journal.checkpoint_at:
             writer.checkpoint()
