@@ -39,9 +39,10 @@ itself adds a little to each stage):
     wake       → the writer process has it (select, wake-up)
     commit     the writer's commit of the group, in parts:
       read       readv and unpickle the batch frames
-      lmdb       the LMDB transaction (no sync)
-      append     the journal record encoded and written (pwrite)
-      fdatasync  the journal's fdatasync
+      append     the journal record encoded, written (pwrite), its write-back started
+      lmdb       the LMDB transaction (no sync), while the device writes the record
+      fdatasync  the journal's fdatasync: what is left of the record's write, the
+                 device's cache flush
     reply      the commit result written back
     result     → the broker read it (wake-up, unpickle)
     settle     callbacks, the outcome settled, the loop turn, the socket write
@@ -72,10 +73,10 @@ from backlog import Broker, loadgen, log  # bench/backlog.py: one broker, loadge
 STAGES = (("client", "write-", "stamp"), ("to broker", "stamp", "in"), ("route", "in", "handoff"),
           ("hand-over", "handoff", "piped"), ("wake", "piped", "w-wake"), ("commit", "w-wake", "w-sync"),
           ("reply", "w-sync", "w-result"), ("result", "w-result", "commit"), ("settle", "commit", "write"))
-PATH = ("handoff", "piped", "w-wake", "w-read", "w-txn", "w-write", "w-sync", "w-result", "commit", "write")
+PATH = ("handoff", "piped", "w-wake", "w-read", "w-write", "w-txn", "w-sync", "w-result", "commit", "write")
 GOAL = 0.5
-PARTS = (("read", "w-wake", "w-read"), ("lmdb", "w-read", "w-txn"), ("append", "w-txn", "w-write"),
-         ("fdatasync", "w-write", "w-sync"))
+PARTS = (("read", "w-wake", "w-read"), ("append", "w-read", "w-write"), ("lmdb", "w-write", "w-txn"),
+         ("fdatasync", "w-txn", "w-sync"))
 
 
 def sync_time(directory: Path, n: int, sync=os.fsync) -> float:
@@ -226,8 +227,8 @@ def print_breakdown(stages: dict[str, list[float]] | None) -> None:
             v = stages[label]
             if v:
                 m = statistics.median(v)
-                print(f"{indent}{label:<14}{m:>8,.0f} us  {m / total:>4.0%}   "
-                      f"(p90 {statistics.quantiles(v, n=10)[-1]:,.0f} us)")
+                p90 = statistics.quantiles(v, n=10)[-1] if len(v) > 1 else m
+                print(f"{indent}{label:<14}{m:>8,.0f} us  {m / total:>4.0%}   (p90 {p90:,.0f} us)")
     print(f"    {'sum':<14}{sum(statistics.median(stages[n]) for n, _, _ in STAGES if stages[n]):>8,.0f} us"
           f"   round trip (send to next send) {total:,.0f} us")
 

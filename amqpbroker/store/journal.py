@@ -45,6 +45,7 @@ stale: it is started afresh, never applied.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import struct
@@ -145,6 +146,7 @@ class Journal:
         self.position = RECORDS_AT          # where the next record goes
         self.checkpointed = time.monotonic()
         self.trace = None                   # the writer's loop trace (looptrace.py), or None
+        self.written = 0                    # bytes of a record written, not synced yet (write)
 
     # ------------------------------------------------------------------ open
 
@@ -189,6 +191,15 @@ class Journal:
     def append(self, payload: bytes) -> None:
         """One record, on disk when this returns (one fdatasync).  The caller checks
         `fits` first (and checkpoints when it does not)."""
+        self.write(payload)
+        self.sync()
+
+    def write(self, payload: bytes) -> int:
+        """One record written after the last one and its way to the disk started
+        (sync_file_range: the device writes it while the caller applies the same
+        group to LMDB); it counts once `sync` returned.  Until then the caller may
+        take it back (`retract`): a group whose transaction failed is reported
+        failed and must never be applied.  The record's position."""
         if self.current is None:
             raise JournalError("the journal has no checkpoint yet")
         record = encode_record(self.current.epoch, payload)
@@ -197,12 +208,32 @@ class Journal:
         written = os.pwrite(self.fd, record, self.position)
         if written != len(record):
             raise OSError(f"journal: short write ({written} of {len(record)} bytes)")
+        if _sync_file_range is not None:
+            _sync_file_range(self.fd, self.position, len(record), _SYNC_FILE_RANGE_WRITE)   # a hint: no error
         if self.trace is not None:
             self.trace.mark("w-write", len(record))
+        self.written = len(record)
+        return self.position
+
+    def sync(self) -> None:
+        """The record `write` wrote is on disk (one fdatasync) and counts."""
         os.fdatasync(self.fd)
         if self.trace is not None:
-            self.trace.mark("w-sync", len(record))
-        self.position += len(record)
+            self.trace.mark("w-sync", self.written)
+        self.position += self.written
+        self.written = 0
+
+    def retract(self) -> None:
+        """The record `write` wrote never counts: zeroed on disk (one fdatasync: its
+        write-back has started, a crash must not find it whole), the next record
+        goes in its place."""
+        if self.written:
+            zeros = bytes(self.written)
+            self.written = 0
+            written = os.pwrite(self.fd, zeros, self.position)
+            if written != len(zeros):
+                raise OSError(f"journal: short write ({written} of {len(zeros)} bytes)")
+            os.fdatasync(self.fd)
 
     def records(self) -> Iterator[bytes]:
         """The payloads of the current epoch's whole records, in order; sets the
@@ -259,6 +290,22 @@ class Journal:
         self.position = RECORDS_AT
         self.checkpointed = time.monotonic()
         return cp
+
+
+def _load_sync_file_range():
+    """libc's sync_file_range (Linux), or None: then a record's write-back starts at
+    its fdatasync, as any file's."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_sync_file_range = _load_sync_file_range()
+_SYNC_FILE_RANGE_WRITE = 2   # start write-back of the range's dirty pages, do not wait
 
 
 def _zero_fill(fd: int, start: int, end: int) -> None:

@@ -185,9 +185,19 @@ class Writer:
 
     def commit(self, batches: list[Batch], frames: list[bytes]) -> tuple[str | None, str | None]:
         """Apply the batches, in hand-over order, in one transaction, and journal their
-        frames (one fdatasync); (error kind, text) or (None, None).  A journal that
-        cannot be written raises: nothing may be reported then (main exits, the
-        broker replays every batch not reported committed to a new writer)."""
+        frames (one fdatasync); (error kind, text) or (None, None).  The record is
+        written first and its write-back started, so the device writes it while the
+        transaction runs; the fdatasync comes after the transaction, and a
+        transaction that fails takes the record back (zeroed) before anything is
+        reported.  A journal that cannot be written raises: nothing may be reported
+        then (main exits, the broker replays every batch not reported committed to a
+        new writer)."""
+        payload = b"".join(frames)
+        early = self.journal.fits(len(payload))   # else a checkpoint after the transaction (log)
+        if early:
+            if self.faults is not None:
+                self.faults.check("journal")
+            self.journal.write(payload)
         unpinned = False
         while True:
             try:
@@ -198,6 +208,7 @@ class Writer:
                         batch.apply(txn, self.dbs)
                 break
             except lmdb.MapFullError:
+                early = self.take_back(early)
                 size = self.env.info()["map_size"]
                 if size >= self.max_map_size and not unpinned and self.journal.used:
                     # Pages freed since the last checkpoint are pinned with it: a new
@@ -211,18 +222,30 @@ class Writer:
                     return "full", f"store map reached its maximum of {self.max_map_size} bytes"
                 self.grow(min(size * 2, self.max_map_size))
             except lmdb.DiskError as exc:
+                self.take_back(early)
                 self.full = True
                 self.commit_removals(batches)
                 return "full", f"disk full: {exc}"
             except Exception as exc:   # MemoryError, I/O: reported, producers are told
+                self.take_back(early)
                 self.commit_removals(batches)
                 return "error", f"{type(exc).__name__}: {exc}"
         if self.trace is not None:
             self.trace.mark("w-txn", len(batches))
-        self.log(b"".join(frames))
+        if early:
+            self.journal.sync()
+        else:
+            self.log(payload)
         if self.full:
             self.full = self.usage() > FULL_AT
         return None, None
+
+    def take_back(self, early: bool) -> bool:
+        """The transaction failed: the record written before it must never be applied
+        (its group is reported failed).  False: no record is on its way now."""
+        if early:
+            self.journal.retract()
+        return False
 
     def log(self, payload: bytes) -> None:
         """`payload` (already applied to LMDB) durable: a journal record, or, when it
