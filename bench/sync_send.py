@@ -28,9 +28,10 @@ against the fsync time:
     .venv/bin/python bench/sync_send.py [--messages 3000] [--reps 3] [--baseline-src DIR] [--trace]
 
 With --trace, one more run of this tree with AMQPBROKER_LOOP_TRACE (the broker's
-loop trace and its writer process's, amqpbroker/looptrace.py): where one send's
-round trip goes, stage by stage (medians over the run's messages; the tracer
-itself adds a little to each stage):
+loop trace and its writer process's, amqpbroker/looptrace.py) of each tree (the
+baseline's too when its writer process traces): where one send's round trip
+goes, stage by stage (medians over the run's messages; the tracer itself adds a
+little to each stage):
 
     client     the broker's write of the last outcome → the client's next send
     to broker  the send → the broker's socket read that brought it
@@ -41,8 +42,9 @@ itself adds a little to each stage):
       read       readv and unpickle the batch frames
       append     the journal record encoded, written (pwrite), its write-back started
       lmdb       the LMDB transaction (no sync), while the device writes the record
-      fdatasync  the journal's fdatasync: what is left of the record's write, the
-                 device's cache flush
+                 (before that change: the transaction first, then the record)
+      fdatasync  the journal's fdatasync (after the later of the two): what is left
+                 of the record's write, the device's cache flush
     reply      the commit result written back
     result     → the broker read it (wake-up, unpickle)
     settle     callbacks, the outcome settled, the loop turn, the socket write
@@ -73,10 +75,10 @@ from backlog import Broker, loadgen, log  # bench/backlog.py: one broker, loadge
 STAGES = (("client", "write-", "stamp"), ("to broker", "stamp", "in"), ("route", "in", "handoff"),
           ("hand-over", "handoff", "piped"), ("wake", "piped", "w-wake"), ("commit", "w-wake", "w-sync"),
           ("reply", "w-sync", "w-result"), ("result", "w-result", "commit"), ("settle", "commit", "write"))
-PATH = ("handoff", "piped", "w-wake", "w-read", "w-write", "w-txn", "w-sync", "w-result", "commit", "write")
+PATH = ("handoff", "piped", "w-wake", "w-read", "w-first", "w-second", "w-sync", "w-result", "commit", "write")
 GOAL = 0.5
-PARTS = (("read", "w-wake", "w-read"), ("append", "w-read", "w-write"), ("lmdb", "w-write", "w-txn"),
-         ("fdatasync", "w-txn", "w-sync"))
+PARTS = (("read", "w-wake", "w-read"), ("append", "w-write-from", "w-write"), ("lmdb", "w-txn-from", "w-txn"),
+         ("fdatasync", "w-second", "w-sync"))
 
 
 def sync_time(directory: Path, n: int, sync=os.fsync) -> float:
@@ -183,6 +185,18 @@ def breakdown(trace: Path, skip: int = 100) -> dict[str, list[float]] | None:
         prev_write = None
         t = t_in
         for kind in PATH:
+            if kind == "w-first":   # the journal write and the LMDB transaction, in either order
+                w, x = first("w-write", t, t_next), first("w-txn", t, t_next)
+                if w is None or x is None:
+                    break
+                at["w-write"], at["w-txn"] = w, x
+                at["w-first"], at["w-second"] = min(w, x), max(w, x)
+                at["w-write-from"] = t if w < x else x
+                at["w-txn-from"] = t if x < w else w
+                t = at["w-second"]
+                continue
+            if kind == "w-second":
+                continue
             t = at[kind] = first(kind, t, t_next)
             if t is None:
                 break
@@ -196,10 +210,10 @@ def breakdown(trace: Path, skip: int = 100) -> dict[str, list[float]] | None:
     return out if out["round trip"] else None
 
 
-def traced_run(tmp: Path, a) -> dict[str, list[float]] | None:
-    trace = tmp / "loop.trace"
+def traced_run(tmp: Path, a, label: str, src: str | None = None) -> dict[str, list[float]] | None:
+    trace = tmp / f"loop-{len(label)}.trace"
     os.environ["AMQPBROKER_LOOP_TRACE"] = str(trace)
-    broker = Broker(tmp / "data-traced", tmp / "traced.log", None)
+    broker = Broker(tmp / f"data-traced-{len(label)}", tmp / "traced.log", None, src=Path(src) if src else None)
     try:
         broker.start()
     finally:
@@ -208,27 +222,30 @@ def traced_run(tmp: Path, a) -> dict[str, list[float]] | None:
         r = loadgen(f"amqp://127.0.0.1:{broker.port}", ["--address", "traced", "--messages", str(a.messages),
                     "--size", "256", "--senders", "1", "--receivers", "0", "--window", "1", "--durable"],
                     a.timeout)
-        log(f"traced run: {r.get('msgs_per_s', 0):,.0f} msgs/s")
+        log(f"traced run: {label}: {r.get('msgs_per_s', 0):,.0f} msgs/s")
     finally:
         broker.stop()
         broker.kill()
+    if not Path(str(trace) + ".writer").exists():
+        log(f"traced run: {label}: no writer trace (that tree's writer process does not trace)")
+        return None
     return breakdown(trace)
 
 
-def print_breakdown(stages: dict[str, list[float]] | None) -> None:
+def print_breakdown(label: str, stages: dict[str, list[float]] | None) -> None:
     if not stages:
-        print("  traced run: no complete message timeline in the trace")
+        print(f"  {label}, traced run: no complete message timeline in the trace")
         return
     total = statistics.median(stages["round trip"])
-    print(f"  where one send goes (traced run of this tree, medians of {len(stages['round trip']):,} messages):")
+    print(f"  {label}: where one send goes (traced run, medians of {len(stages['round trip']):,} messages):")
     for name, _, _ in STAGES:
         rows = [(name, "    ")] + ([(p, "      ") for p, _, _ in PARTS] if name == "commit" else [])
-        for label, indent in rows:
-            v = stages[label]
+        for part, indent in rows:
+            v = stages[part]
             if v:
                 m = statistics.median(v)
                 p90 = statistics.quantiles(v, n=10)[-1] if len(v) > 1 else m
-                print(f"{indent}{label:<14}{m:>8,.0f} us  {m / total:>4.0%}   (p90 {p90:,.0f} us)")
+                print(f"{indent}{part:<14}{m:>8,.0f} us  {m / total:>4.0%}   (p90 {p90:,.0f} us)")
     print(f"    {'sum':<14}{sum(statistics.median(stages[n]) for n, _, _ in STAGES if stages[n]):>8,.0f} us"
           f"   round trip (send to next send) {total:,.0f} us")
 
@@ -262,7 +279,9 @@ def main(argv=None) -> int:
         for s in subjects:
             s.broker.stop()
             s.broker.kill()
-    stages = traced_run(tmp, a) if a.trace else None
+    if a.trace:
+        for s in subjects:
+            s.stages = traced_run(tmp, a, s.label, a.baseline_src if s.label.endswith("before") else None)
     shutil.rmtree(tmp, ignore_errors=True)
     print(f"synchronous durable sends, 1 producer, window 1, 256 B, median of {a.reps} x {a.messages:,}:")
     print(f"  fsync (4 KiB write + fsync) in the data dir   {fsync * 1e6:>8,.0f} us   1 / fsync = {1 / fsync:,.0f}/s"
@@ -285,8 +304,8 @@ def main(argv=None) -> int:
     if len(subjects) == 2 and subjects[0].rates and subjects[1].rates:
         print(f"  rate after / before the change: "
               f"{statistics.median(subjects[0].rates) / statistics.median(subjects[1].rates):.2f}x")
-    if a.trace:
-        print_breakdown(stages)
+    for s in subjects if a.trace else []:
+        print_breakdown(s.label, s.stages)
     print("(a shared machine's disk: compare within the run)")
     return 0
 

@@ -5,7 +5,11 @@ data pages, then the meta page that makes them the new state: 3.5 fsyncs of time
 in one measurement).  The writer process (store/writer.py) instead applies each
 group of batches to LMDB *without* syncing (MDB_NOSYNC: readers, page-in and a
 store copy see it at once) and appends the same batch frames to this journal with
-one fdatasync; only then is the group reported committed.  Every so often (and
+one fdatasync; only then is the group reported committed.  The record is written
+(`write`, its write-back started with sync_file_range) just before the LMDB
+transaction and synced (`sync`) after it, so the device writes it meanwhile; a
+transaction that fails takes it back (`retract`: zeroed and synced before the
+failure is reported, since its group must never be applied).  Every so often (and
 when the journal is half full, and at a clean stop) a **checkpoint** syncs LMDB
 and starts the journal afresh.
 
@@ -28,6 +32,10 @@ documentation: the kernel may write the meta page before the pages it points to,
   first record that is torn (a crash in the middle of an append: its group was
   never reported committed), or of another epoch (left over from before the last
   checkpoint: the file is reused in place).
+* A whole record whose group was not reported yet (a crash between its write and
+  the result) is applied: nobody was told either way, the producers of its
+  messages send them again or not (at least once).  One whose transaction failed
+  was zeroed before the failure was reported.
 * A header slot is written only after the sync it describes, into the older of two
   slots (as LMDB does with its meta pages): a crash while writing it leaves the
   previous checkpoint, whose pages are still pinned, and its records.
