@@ -22,7 +22,8 @@ holds more than that at once.  The same frames are written to the journal as one
 record and its write-back started, the transaction commits without a sync (LMDB
 MDB_NOSYNC: visible at once to the broker's reads and to a store copy) while the
 device writes the record, then one fdatasync, and only then is the commit
-reported (a transaction that fails takes its record back first).  A checkpoint (LMDB synced, the journal started afresh) follows
+reported (a transaction that fails takes its record back first).  A checkpoint
+(LMDB synced, the journal started afresh) follows
 when the journal is half full, when the writer is idle, and at a clean stop;
 store/journal.py says why a system crash cannot then lose or corrupt anything.
 Started by a broker, the broker has already brought LMDB back to its last
