@@ -11,10 +11,19 @@ Each row is (CLOCK_MONOTONIC ns, kind, connection id, number):
   timer    a transport timer fired (idle-timeout frames)
   wakeup   the delayed-delivery timer fired
   handoff  a store batch sealed and handed to the writer (number: the batch)
+  piped    that batch framed and written to the writer's pipe (conn: frames still
+           waiting for the pipe)
   commit   a commit result read back (number: the highest batch it settles)
   gc       a cyclic collection started (number: generation) / ended (-1)
   in, out  a stamped message in a read / a write (number: its sequence number);
            `stamp` rows carry its send time (ns, the client's clock)
+
+The store's writer process keeps its own file (the same path + ".writer"), rows
+of one commit (number: the highest batch it holds):
+
+  w-wake   batches found in the pipe       w-read    read and unpickled (a group)
+  w-txn    the LMDB transaction committed  w-write   the journal record written
+  w-sync   its fdatasync returned          w-result  the commit result written back
 
 Stamps are found by the markers of amqp-bench (`AMQPBNCH`, CLOCK_REALTIME) and
 bench/loadgen.c (`LGBENCH1`, CLOCK_MONOTONIC) in the bytes read and written, so
@@ -42,7 +51,7 @@ _LG_FIELDS = struct.Struct("<qQ")
 
 
 KINDS = ("read", "pump", "dlv", "write", "flush", "timer", "wakeup", "handoff", "commit", "gc",
-         "in", "out", "stamp")
+         "in", "out", "stamp", "piped", "w-wake", "w-read", "w-txn", "w-write", "w-sync", "w-result")
 _CODE = {kind: i for i, kind in enumerate(KINDS)}
 
 
@@ -94,9 +103,9 @@ class LoopTrace:
                 f.write(f"{rows[i]}\t{KINDS[rows[i + 1]]}\t{rows[i + 2]}\t{rows[i + 3]}\n")
 
 
-def from_env() -> LoopTrace | None:
+def from_env(suffix: str = "") -> LoopTrace | None:
     path = os.environ.get(ENV)
-    return LoopTrace(path) if path else None
+    return LoopTrace(path + suffix) if path else None
 
 
 TRACE: LoopTrace | None = from_env()

@@ -25,7 +25,29 @@ against the fsync time:
     round trip - commit         what the hand-over to the writer process and back,
                                 the settlement and the client's next send cost
 
-    .venv/bin/python bench/sync_send.py [--messages 3000] [--reps 3] [--baseline-src DIR]
+    .venv/bin/python bench/sync_send.py [--messages 3000] [--reps 3] [--baseline-src DIR] [--trace]
+
+With --trace, one more run of this tree with AMQPBROKER_LOOP_TRACE (the broker's
+loop trace and its writer process's, amqpbroker/looptrace.py) of each tree (the
+baseline's too when its writer process traces): where one send's round trip
+goes, stage by stage (medians over the run's messages; the tracer itself adds a
+little to each stage):
+
+    client     the broker's write of the last outcome → the client's next send
+    to broker  the send → the broker's socket read that brought it
+    route      read → the store batch handed over (decode, route, the loop turn)
+    hand-over  sealed, pickled, written to the writer's pipe
+    wake       → the writer process has it (select, wake-up)
+    commit     the writer's commit of the group, in parts:
+      read       readv and unpickle the batch frames
+      append     the journal record encoded, written (pwrite), its write-back started
+      lmdb       the LMDB transaction (no sync), while the device writes the record
+                 (before that change: the transaction first, then the record)
+      fdatasync  the journal's fdatasync (after the later of the two): what is left
+                 of the record's write, the device's cache flush
+    reply      the commit result written back
+    result     → the broker read it (wake-up, unpickle)
+    settle     callbacks, the outcome settled, the loop turn, the socket write
 
 A benchmark: it prints figures and asserts nothing.  Every process it starts is
 killed in a finally block.
@@ -49,7 +71,14 @@ sys.path.insert(0, str(HERE))
 
 from backlog import Broker, loadgen, log  # bench/backlog.py: one broker, loadgen runs
 
+# (name, from, to): rows of the broker's trace and its writer's
+STAGES = (("client", "write-", "stamp"), ("to broker", "stamp", "in"), ("route", "in", "handoff"),
+          ("hand-over", "handoff", "piped"), ("wake", "piped", "w-wake"), ("commit", "w-wake", "w-sync"),
+          ("reply", "w-sync", "w-result"), ("result", "w-result", "commit"), ("settle", "commit", "write"))
+PATH = ("handoff", "piped", "w-wake", "w-read", "w-first", "w-second", "w-sync", "w-result", "commit", "write")
 GOAL = 0.5
+PARTS = (("read", "w-wake", "w-read"), ("append", "w-write-from", "w-write"), ("lmdb", "w-txn-from", "w-txn"),
+         ("fdatasync", "w-second", "w-sync"))
 
 
 def sync_time(directory: Path, n: int, sync=os.fsync) -> float:
@@ -110,6 +139,117 @@ class Subject:
             self.rates.append(rate)
 
 
+def read_trace(path: Path) -> tuple[dict[str, list[int]], dict[int, int]]:
+    """Row times by kind, and the loadgen send time (ns, CLOCK_MONOTONIC) of each
+    stamped message by its read's time."""
+    times: dict[str, list[int]] = {}
+    sent: dict[int, int] = {}
+    last_in = None
+    with open(path) as f:
+        for line in f:
+            if line.startswith("#"):
+                continue
+            t, kind, conn, n = line.split("\t")
+            t = int(t)
+            if kind == "stamp":
+                if conn == "0" and last_in is not None:   # loadgen's clock: CLOCK_MONOTONIC
+                    sent[last_in] = int(n)
+                continue
+            if kind == "in":
+                last_in = t
+            times.setdefault(kind, []).append(t)
+    return times, sent
+
+
+def breakdown(trace: Path, skip: int = 100) -> dict[str, list[float]] | None:
+    """Microseconds of each stage (STAGES, PARTS) per message, from the broker's trace
+    and its writer's: one message in flight, so each row of PATH is the first of its
+    kind after the one before, all before the next message's read."""
+    import bisect
+    times, sent = read_trace(trace)
+    wtimes, _ = read_trace(Path(str(trace) + ".writer"))
+    times.update(wtimes)
+    reads = sorted(sent)
+    out: dict[str, list[float]] = {name: [] for name, _, _ in STAGES + PARTS}
+    out["round trip"] = []
+
+    def first(kind: str, after: int, before: int) -> int | None:
+        rows = times.get(kind, [])
+        j = bisect.bisect_left(rows, after)
+        return rows[j] if j < len(rows) and rows[j] < before else None
+
+    prev_write = None
+    for i, t_in in enumerate(reads[:-1]):
+        t_next = reads[i + 1]
+        at = {"stamp": sent[t_in], "in": t_in, "write-": prev_write}
+        prev_write = None
+        t = t_in
+        for kind in PATH:
+            if kind == "w-first":   # the journal write and the LMDB transaction, in either order
+                w, x = first("w-write", t, t_next), first("w-txn", t, t_next)
+                if w is None or x is None:
+                    break
+                at["w-write"], at["w-txn"] = w, x
+                at["w-first"], at["w-second"] = min(w, x), max(w, x)
+                at["w-write-from"] = t if w < x else x
+                at["w-txn-from"] = t if x < w else w
+                t = at["w-second"]
+                continue
+            if kind == "w-second":
+                continue
+            t = at[kind] = first(kind, t, t_next)
+            if t is None:
+                break
+        else:
+            prev_write = at["write"]
+            if i >= skip:
+                for name, a, b in STAGES + PARTS:
+                    if at[a] is not None:
+                        out[name].append((at[b] - at[a]) / 1e3)
+                out["round trip"].append((sent[t_next] - sent[t_in]) / 1e3)
+    return out if out["round trip"] else None
+
+
+def traced_run(tmp: Path, a, label: str, src: str | None = None) -> dict[str, list[float]] | None:
+    trace = tmp / f"loop-{len(label)}.trace"
+    os.environ["AMQPBROKER_LOOP_TRACE"] = str(trace)
+    broker = Broker(tmp / f"data-traced-{len(label)}", tmp / "traced.log", None, src=Path(src) if src else None)
+    try:
+        broker.start()
+    finally:
+        del os.environ["AMQPBROKER_LOOP_TRACE"]
+    try:
+        r = loadgen(f"amqp://127.0.0.1:{broker.port}", ["--address", "traced", "--messages", str(a.messages),
+                    "--size", "256", "--senders", "1", "--receivers", "0", "--window", "1", "--durable"],
+                    a.timeout)
+        log(f"traced run: {label}: {r.get('msgs_per_s', 0):,.0f} msgs/s")
+    finally:
+        broker.stop()
+        broker.kill()
+    if not Path(str(trace) + ".writer").exists():
+        log(f"traced run: {label}: no writer trace (that tree's writer process does not trace)")
+        return None
+    return breakdown(trace)
+
+
+def print_breakdown(label: str, stages: dict[str, list[float]] | None) -> None:
+    if not stages:
+        print(f"  {label}, traced run: no complete message timeline in the trace")
+        return
+    total = statistics.median(stages["round trip"])
+    print(f"  {label}: where one send goes (traced run, medians of {len(stages['round trip']):,} messages):")
+    for name, _, _ in STAGES:
+        rows = [(name, "    ")] + ([(p, "      ") for p, _, _ in PARTS] if name == "commit" else [])
+        for part, indent in rows:
+            v = stages[part]
+            if v:
+                m = statistics.median(v)
+                p90 = statistics.quantiles(v, n=10)[-1] if len(v) > 1 else m
+                print(f"{indent}{part:<14}{m:>8,.0f} us  {m / total:>4.0%}   (p90 {p90:,.0f} us)")
+    print(f"    {'sum':<14}{sum(statistics.median(stages[n]) for n, _, _ in STAGES if stages[n]):>8,.0f} us"
+          f"   round trip (send to next send) {total:,.0f} us")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=3000, help="per run")
@@ -117,6 +257,7 @@ def main(argv=None) -> int:
     ap.add_argument("--fsyncs", type=int, default=500)
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--baseline-src", help="a source tree holding amqpbroker/ (the code before a change)")
+    ap.add_argument("--trace", action="store_true", help="one more run, traced: where a send's time goes")
     a = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="sync-send-"))
     subjects = [Subject("amqpbroker", Broker(tmp / "data", tmp / "broker.log", None))]
@@ -138,6 +279,9 @@ def main(argv=None) -> int:
         for s in subjects:
             s.broker.stop()
             s.broker.kill()
+    if a.trace:
+        for s in subjects:
+            s.stages = traced_run(tmp, a, s.label, a.baseline_src if s.label.endswith("before") else None)
     shutil.rmtree(tmp, ignore_errors=True)
     print(f"synchronous durable sends, 1 producer, window 1, 256 B, median of {a.reps} x {a.messages:,}:")
     print(f"  fsync (4 KiB write + fsync) in the data dir   {fsync * 1e6:>8,.0f} us   1 / fsync = {1 / fsync:,.0f}/s"
@@ -160,6 +304,8 @@ def main(argv=None) -> int:
     if len(subjects) == 2 and subjects[0].rates and subjects[1].rates:
         print(f"  rate after / before the change: "
               f"{statistics.median(subjects[0].rates) / statistics.median(subjects[1].rates):.2f}x")
+    for s in subjects if a.trace else []:
+        print_breakdown(s.label, s.stages)
     print("(a shared machine's disk: compare within the run)")
     return 0
 

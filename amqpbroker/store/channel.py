@@ -104,6 +104,8 @@ class WriterChannel:
         if batch.error is not None:
             self._settle_ready()
         self._pump()
+        if TRACE is not None:
+            TRACE.mark("piped", len(self._outbox), number)
 
     def _fail(self, batch: Batch, what: str, exc: BaseException) -> None:
         error = exc if isinstance(exc, StoreFault) else StoreFault(f"{what} failed: {type(exc).__name__}: {exc}")

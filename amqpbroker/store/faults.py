@@ -13,7 +13,8 @@ points   where the error is raised
   pipe-write    broker: writing a frame to the writer's pipe (nothing of it written)
   results       broker: reading the writer's result pipe
   commit        writer process: inside the write transaction, before any write
-  journal       writer process: journaling a commit already applied to LMDB (store/journal.py)
+  journal       writer process: journaling a commit (its record is written just before
+                the LMDB transaction, its fdatasync after it: store/journal.py)
   checkpoint    writer process: a checkpoint (LMDB synced, the journal started afresh)
   result-write  writer process: writing a commit result back
 errors   MemoryError (default), an errno name (ENOSPC, EPIPE, EIO, ...) for an

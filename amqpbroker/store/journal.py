@@ -5,7 +5,11 @@ data pages, then the meta page that makes them the new state: 3.5 fsyncs of time
 in one measurement).  The writer process (store/writer.py) instead applies each
 group of batches to LMDB *without* syncing (MDB_NOSYNC: readers, page-in and a
 store copy see it at once) and appends the same batch frames to this journal with
-one fdatasync; only then is the group reported committed.  Every so often (and
+one fdatasync; only then is the group reported committed.  The record is written
+(`write`, its write-back started with sync_file_range) just before the LMDB
+transaction and synced (`sync`) after it, so the device writes it meanwhile; a
+transaction that fails takes it back (`retract`: zeroed and synced before the
+failure is reported, since its group must never be applied).  Every so often (and
 when the journal is half full, and at a clean stop) a **checkpoint** syncs LMDB
 and starts the journal afresh.
 
@@ -28,6 +32,10 @@ documentation: the kernel may write the meta page before the pages it points to,
   first record that is torn (a crash in the middle of an append: its group was
   never reported committed), or of another epoch (left over from before the last
   checkpoint: the file is reused in place).
+* A whole record whose group was not reported yet (a crash between its write and
+  the result) is applied: nobody was told either way, the producers of its
+  messages send them again or not (at least once).  One whose transaction failed
+  was zeroed before the failure was reported.
 * A header slot is written only after the sync it describes, into the older of two
   slots (as LMDB does with its meta pages): a crash while writing it leaves the
   previous checkpoint, whose pages are still pinned, and its records.
@@ -45,6 +53,7 @@ stale: it is started afresh, never applied.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import struct
@@ -144,6 +153,8 @@ class Journal:
         self.floor = checkpoint.epoch if checkpoint is not None else 0   # the highest epoch seen
         self.position = RECORDS_AT          # where the next record goes
         self.checkpointed = time.monotonic()
+        self.trace = None                   # the writer's loop trace (looptrace.py), or None
+        self.written = 0                    # bytes of a record written, not synced yet (write)
 
     # ------------------------------------------------------------------ open
 
@@ -188,6 +199,15 @@ class Journal:
     def append(self, payload: bytes) -> None:
         """One record, on disk when this returns (one fdatasync).  The caller checks
         `fits` first (and checkpoints when it does not)."""
+        self.write(payload)
+        self.sync()
+
+    def write(self, payload: bytes) -> int:
+        """One record written after the last one and its way to the disk started
+        (sync_file_range: the device writes it while the caller applies the same
+        group to LMDB); it counts once `sync` returned.  Until then the caller may
+        take it back (`retract`): a group whose transaction failed is reported
+        failed and must never be applied.  The record's position."""
         if self.current is None:
             raise JournalError("the journal has no checkpoint yet")
         record = encode_record(self.current.epoch, payload)
@@ -196,8 +216,32 @@ class Journal:
         written = os.pwrite(self.fd, record, self.position)
         if written != len(record):
             raise OSError(f"journal: short write ({written} of {len(record)} bytes)")
+        if _sync_file_range is not None:
+            _sync_file_range(self.fd, self.position, len(record), _SYNC_FILE_RANGE_WRITE)   # a hint: no error
+        if self.trace is not None:
+            self.trace.mark("w-write", len(record))
+        self.written = len(record)
+        return self.position
+
+    def sync(self) -> None:
+        """The record `write` wrote is on disk (one fdatasync) and counts."""
         os.fdatasync(self.fd)
-        self.position += len(record)
+        if self.trace is not None:
+            self.trace.mark("w-sync", self.written)
+        self.position += self.written
+        self.written = 0
+
+    def retract(self) -> None:
+        """The record `write` wrote never counts: zeroed on disk (one fdatasync: its
+        write-back has started, a crash must not find it whole), the next record
+        goes in its place."""
+        if self.written:
+            zeros = bytes(self.written)
+            self.written = 0
+            written = os.pwrite(self.fd, zeros, self.position)
+            if written != len(zeros):
+                raise OSError(f"journal: short write ({written} of {len(zeros)} bytes)")
+            os.fdatasync(self.fd)
 
     def records(self) -> Iterator[bytes]:
         """The payloads of the current epoch's whole records, in order; sets the
@@ -254,6 +298,22 @@ class Journal:
         self.position = RECORDS_AT
         self.checkpointed = time.monotonic()
         return cp
+
+
+def _load_sync_file_range():
+    """libc's sync_file_range (Linux), or None: then a record's write-back starts at
+    its fdatasync, as any file's."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_sync_file_range = _load_sync_file_range()
+_SYNC_FILE_RANGE_WRITE = 2   # start write-back of the range's dirty pages, do not wait
 
 
 def _zero_fill(fd: int, start: int, end: int) -> None:

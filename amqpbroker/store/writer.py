@@ -18,10 +18,12 @@ length and a pickle:
 
 The writer takes every batch already waiting, up to GROUP_BYTES of frames (one
 transaction: group commit), so it never waits for more than it has and never
-holds more than that at once.  The transaction commits without a sync (LMDB
-MDB_NOSYNC: visible at once to the broker's reads and to a store copy), then the
-same frames are appended to the journal with one fdatasync, and only then is the
-commit reported.  A checkpoint (LMDB synced, the journal started afresh) follows
+holds more than that at once.  The same frames are written to the journal as one
+record and its write-back started, the transaction commits without a sync (LMDB
+MDB_NOSYNC: visible at once to the broker's reads and to a store copy) while the
+device writes the record, then one fdatasync, and only then is the commit
+reported (a transaction that fails takes its record back first).  A checkpoint
+(LMDB synced, the journal started afresh) follows
 when the journal is half full, when the writer is idle, and at a clean stop;
 store/journal.py says why a system crash cannot then lose or corrupt anything.
 Started by a broker, the broker has already brought LMDB back to its last
@@ -177,6 +179,7 @@ class Writer:
             log.info("store: %d batch(es) of the journal applied again", replay(self.env, self.dbs, records))
         self.journal = journal or journal_mod.Journal.open(path)
         self.pin: lmdb.Transaction | None = None   # the last checkpoint's snapshot (journal.py)
+        self.trace = None   # the writer's loop trace (looptrace.py, serve), or None
         self.checkpoint()
         # Only now may a dead writer's pin on an earlier checkpoint go.
         self.env.reader_check()
@@ -184,9 +187,19 @@ class Writer:
 
     def commit(self, batches: list[Batch], frames: list[bytes]) -> tuple[str | None, str | None]:
         """Apply the batches, in hand-over order, in one transaction, and journal their
-        frames (one fdatasync); (error kind, text) or (None, None).  A journal that
-        cannot be written raises: nothing may be reported then (main exits, the
-        broker replays every batch not reported committed to a new writer)."""
+        frames (one fdatasync); (error kind, text) or (None, None).  The record is
+        written first and its write-back started, so the device writes it while the
+        transaction runs; the fdatasync comes after the transaction, and a
+        transaction that fails takes the record back (zeroed) before anything is
+        reported.  A journal that cannot be written raises: nothing may be reported
+        then (main exits, the broker replays every batch not reported committed to a
+        new writer)."""
+        payload = b"".join(frames)
+        early = self.journal.fits(len(payload))   # else a checkpoint after the transaction (log)
+        if early:
+            if self.faults is not None:
+                self.faults.check("journal")
+            self.journal.write(payload)
         unpinned = False
         while True:
             try:
@@ -197,6 +210,7 @@ class Writer:
                         batch.apply(txn, self.dbs)
                 break
             except lmdb.MapFullError:
+                early = self.take_back(early)
                 size = self.env.info()["map_size"]
                 if size >= self.max_map_size and not unpinned and self.journal.used:
                     # Pages freed since the last checkpoint are pinned with it: a new
@@ -210,16 +224,30 @@ class Writer:
                     return "full", f"store map reached its maximum of {self.max_map_size} bytes"
                 self.grow(min(size * 2, self.max_map_size))
             except lmdb.DiskError as exc:
+                self.take_back(early)
                 self.full = True
                 self.commit_removals(batches)
                 return "full", f"disk full: {exc}"
             except Exception as exc:   # MemoryError, I/O: reported, producers are told
+                self.take_back(early)
                 self.commit_removals(batches)
                 return "error", f"{type(exc).__name__}: {exc}"
-        self.log(b"".join(frames))
+        if self.trace is not None:
+            self.trace.mark("w-txn", len(batches))
+        if early:
+            self.journal.sync()
+        else:
+            self.log(payload)
         if self.full:
             self.full = self.usage() > FULL_AT
         return None, None
+
+    def take_back(self, early: bool) -> bool:
+        """The transaction failed: the record written before it must never be applied
+        (its group is reported failed).  False: no record is on its way now."""
+        if early:
+            self.journal.retract()
+        return False
 
     def log(self, payload: bytes) -> None:
         """`payload` (already applied to LMDB) durable: a journal record, or, when it
@@ -298,6 +326,8 @@ def _die_with_parent() -> None:
 
 
 def serve(writer: Writer, fd_in: int, fd_out: int) -> None:
+    from .. import looptrace   # (here: only the writer process has this trace)
+    trace = writer.trace = writer.journal.trace = looptrace.from_env(".writer")
     buf = bytearray()
     into = memoryview(bytearray(READ_SIZE))   # reads land here: no 1 MiB allocation per read
     release_at = 0.0
@@ -316,6 +346,8 @@ def serve(writer: Writer, fd_in: int, fd_out: int) -> None:
                 release_map(writer.path)
                 trim_heap()
                 continue
+        if trace is not None:
+            trace.mark("w-wake", len(buf))
         batches: list[Batch] = []
         frames: list[bytes] = []
         last = None
@@ -339,6 +371,8 @@ def serve(writer: Writer, fd_in: int, fd_out: int) -> None:
             buf += into[:n]
         if last is None:
             continue
+        if trace is not None:
+            trace.mark("w-read", len(batches), last)
         started = time.perf_counter()
         kind, text = writer.commit(batches, frames)
         elapsed = time.perf_counter() - started
@@ -350,6 +384,8 @@ def serve(writer: Writer, fd_in: int, fd_out: int) -> None:
         if writer.faults is not None:
             writer.faults.check("result-write")
         os.write(fd_out, frame(result))   # small: a pipe takes it whole
+        if trace is not None:
+            trace.mark("w-result", 0, last)
         touched = True
         if writer.journal.used >= writer.journal.checkpoint_at:
             writer.checkpoint()

@@ -207,6 +207,40 @@ def test_a_commit_whose_journal_write_fails_raises_and_is_not_reported(store_dir
         w.commit([b], [writer_proc.frame(("batch", 1, writer_proc.batch_fields(b)))])
 
 
+@pytest.mark.parametrize("error", ["EIO", "MemoryError"])
+@pytest.mark.parametrize("removals", ["written", "fail too"])
+def test_a_failed_transactions_record_is_taken_back(store_dir, monkeypatch, error, removals):
+    """The journal record is written before the LMDB transaction (its write-back then
+    runs beside it).  A transaction that fails is reported failed, so its record must
+    never be applied, whether the failed batch's removals are journaled in its place
+    or cannot be (then nothing else overwrites it): it is zeroed before the result."""
+    w = writer_proc.Writer(str(store_dir), MAP, MAP, faults=Faults.parse(f"commit:{error}@1*1"))
+    at_checkpoint = (store_dir / "data.mdb").read_bytes()
+    commit(w, batch({1: b"before" * 50}))
+    failed = batch({2: b"reported failed" * 50}, drops=(1,))
+    if removals == "fail too":
+        monkeypatch.setattr(Batch, "removals_only", lambda self: (_ for _ in ()).throw(MemoryError()))
+    kind, _ = w.commit([failed], [writer_proc.frame(("batch", 1, writer_proc.batch_fields(failed)))])
+    assert kind == "error"
+    expected = {} if removals == "written" else {1: b"before" * 50}
+    assert stored(store_dir, w.env) == expected
+    crash(w, store_dir, at_checkpoint)
+    writer_proc.recover(store_dir)
+    assert stored(store_dir) == expected
+
+
+def test_records_after_a_taken_back_one_are_applied(store_dir):
+    w = writer_proc.Writer(str(store_dir), MAP, MAP, faults=Faults.parse("commit:EIO@1*1"))
+    at_checkpoint = (store_dir / "data.mdb").read_bytes()
+    commit(w, batch({1: b"before" * 50}))
+    failed = batch({2: b"reported failed" * 50}, drops=(1,))
+    assert w.commit([failed], [writer_proc.frame(("batch", 1, writer_proc.batch_fields(failed)))])[0] == "error"
+    commit(w, batch({3: b"after" * 50}))
+    crash(w, store_dir, at_checkpoint)
+    assert writer_proc.recover(store_dir) == 3, "the first batch, the failed one's removals, the third"
+    assert stored(store_dir) == {3: b"after" * 50}
+
+
 def test_store_check_applies_what_a_crash_left_in_the_journal_first(store_dir):
     """`amqpbroker store check` on a stopped broker's store looks at it as the broker's
     next start would: with the journal applied."""
