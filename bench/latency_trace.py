@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import bisect
 import os
-import statistics
 import subprocess
 import sys
 import tempfile

@@ -28,11 +28,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
