@@ -133,9 +133,6 @@ class ResourceWatch:
             self._quiet_timer.cancel()
 
 
-__all__ = ["ResourceWatch", "raise_fd_limit", "open_fds", "RESERVE"]
-
-
 def tune_gc() -> None:
     """After start-up: everything built so far (recovered queues, the store's
     structures) moves out of the collector's sight (gc.freeze), and the young
@@ -144,3 +141,7 @@ def tune_gc() -> None:
     default threshold spent ~10 % of a durable p2p run in the collector."""
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
+
+
+__all__ = ["ResourceWatch", "raise_fd_limit", "open_fds", "RESERVE", "tune_gc"]
+
