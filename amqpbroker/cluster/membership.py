@@ -60,6 +60,9 @@ class Membership:
         self._stopping = False
         self._taking = False
         self._fence_timer: asyncio.TimerHandle | None = None
+        self._stale = False                      # the live nodes changed since the last read
+        self._refreshing: asyncio.Task | None = None
+        self.watching = False
 
     async def _call(self, fn: Callable, *args: Any) -> Any:
         return await self.loop.run_in_executor(None, fn, *args)
@@ -95,6 +98,11 @@ class Membership:
             self._fence(f"ZooKeeper session {state}")
             return
         log.info("cluster: ZooKeeper session CONNECTED (was %s)", previous)
+        if self.watching:
+            # kazoo's ChildrenWatch, set again after a lost connection, says nothing
+            # when the list of names is the same: a node replaced meanwhile would keep
+            # its old address here.
+            self.refresh_soon()
         if self.holding:
             self.on_serving(True)         # the same session: our live znode is still ours
         else:
@@ -188,9 +196,33 @@ class Membership:
         from kazoo.recipe.watchers import ChildrenWatch
 
         def changed(children: list[str]) -> None:   # kazoo's thread
-            self.loop.call_soon_threadsafe(lambda: self.loop.create_task(self._refresh(children)))
+            self.loop.call_soon_threadsafe(self.refresh_soon)
 
+        self.watching = True
         ChildrenWatch(self.client, self.live_path, changed)
+
+    def refresh_soon(self) -> None:
+        """Read the live nodes again, one read at a time, each from ZooKeeper's present
+        state (not a watch event's list), and once more if asked while one runs.
+        Reads that ran side by side could end out of order and leave an older view in
+        place: a pair's node at the address of the broker it replaced (its znode
+        deleted and made again between two events), or a node gone that was back."""
+        self._stale = True
+        if self._refreshing is None and not self._stopping:
+            self._refreshing = self.loop.create_task(self._refresh_until_current())
+
+    async def _refresh_until_current(self) -> None:
+        try:
+            while self._stale and not self._stopping:
+                self._stale = False
+                try:
+                    children = await self._call(self.client.get_children, self.live_path)
+                except Exception as exc:   # session in doubt: the next CONNECTED reads again
+                    log.warning("cluster: reading the live nodes: %s", exc)
+                    return
+                await self._refresh(children)
+        finally:
+            self._refreshing = None
 
     async def _refresh(self, children: list[str]) -> None:
         from kazoo.exceptions import NoNodeError
