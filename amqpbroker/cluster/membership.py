@@ -219,6 +219,8 @@ class Membership:
                     children = await self._call(self.client.get_children, self.live_path)
                 except Exception as exc:   # session in doubt: the next CONNECTED reads again
                     log.warning("cluster: reading the live nodes: %s", exc)
+                    if self.session == "CONNECTED":
+                        self.loop.call_later(RETRY, self.refresh_soon)
                     return
                 await self._refresh(children)
         finally:
