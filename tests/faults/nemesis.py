@@ -107,9 +107,13 @@ class Nemesis:
                 if self.stop.is_set():
                     return
                 self._apply(fault)
-                self.stop.wait(fault.calm)
+                self._calm(fault)
         except BaseException as exc:   # reported by join()
             self.error = exc
+
+    def _calm(self, fault: Fault) -> None:
+        """Between a healed fault and the next."""
+        self.stop.wait(fault.calm)
 
     def _apply(self, fault: Fault) -> None:
         live, backup = self._roles()

@@ -92,18 +92,12 @@ class Nemesis(PairNemesis):
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="pair-cluster-nemesis", daemon=True)
 
-    def _run(self) -> None:
-        try:
-            for fault in self.faults:
-                if self.stop.is_set():
-                    return
-                self._apply(fault)
-                self.wait_healed()
-                self.wait_progress(fault.calm)
-        except BaseException as exc:   # reported by join()
-            self.error = exc
+    def _calm(self, fault) -> None:
+        """The pair live with its backup in sync and b live, then `fault.calm` more
+        Accepted messages: faults come by count, never by the clock."""
+        self.wait_healed()
+        self.wait_progress(fault.calm)
 
-    # --- roles -------------------------------------------------------------
     def pair(self) -> list[FaultBroker]:
         return list(self.cluster.pair.values())
 

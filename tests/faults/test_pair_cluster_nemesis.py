@@ -43,7 +43,6 @@ SCHEDULES = int(os.environ.get("PAIR_SCHEDULES", "2"))
 SECONDS = float(os.environ.get("PAIR_SECONDS", "60"))
 FIRST_SEED = int(os.environ.get("PAIR_FIRST_SEED", "1"))
 RATE = 25                  # messages per second per producer
-KNOWN_BUGS: dict[int, str] = {}   # seed -> the bug that makes it fail (xfail, strict)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.timeout(SECONDS * 8 + 600)]
 
@@ -164,15 +163,7 @@ def run_schedule(root, seed: int, seconds: float) -> dict:
         cluster.stop()
 
 
-def seeds():
-    for seed in range(FIRST_SEED, FIRST_SEED + SCHEDULES):
-        if seed in KNOWN_BUGS:
-            yield pytest.param(seed, marks=pytest.mark.xfail(strict=True, reason=KNOWN_BUGS[seed]))
-        else:
-            yield seed
-
-
-@pytest.mark.parametrize("seed", list(seeds()))
+@pytest.mark.parametrize("seed", range(FIRST_SEED, FIRST_SEED + SCHEDULES))
 def test_pair_cluster_nemesis_schedule(tmp_path, seed):
     from tests.e2e.ha_harness import zookeeper_jar
     zookeeper_jar()   # skips (or fails under CI) when ZooKeeper cannot be had
