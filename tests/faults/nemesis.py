@@ -115,15 +115,19 @@ class Nemesis:
         """Between a healed fault and the next."""
         self.stop.wait(fault.calm)
 
+    def _kill_for(self, broker: FaultBroker, fault: Fault) -> None:
+        """kill -9, and the broker started again on its store `fault.duration` later."""
+        self._note(f"kill -9 {broker.name} ({fault.target})")
+        broker.kill()
+        self.stop.wait(fault.duration)
+        broker.start(wait=False)
+        self._note(f"restart {broker.name} after {fault.duration:.1f} s")
+
     def _apply(self, fault: Fault) -> None:
         live, backup = self._roles()
         broker = live if fault.target == "live" else backup
         if fault.kind == "kill":
-            self._note(f"kill -9 {broker.name} ({fault.target})")
-            broker.kill()
-            self.stop.wait(fault.duration)
-            broker.start(wait=False)
-            self._note(f"restart {broker.name}")
+            self._kill_for(broker, fault)
         elif fault.kind == "pause":
             self._note(f"SIGSTOP {broker.name} ({fault.target})")
             broker.pause()

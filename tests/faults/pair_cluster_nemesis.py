@@ -119,11 +119,7 @@ class Nemesis(PairNemesis):
             return
         broker = {"live": live, "backup": backup, "b": self.cluster.b}[fault.target]
         if fault.kind == "kill":
-            self._note(f"kill -9 {broker.name} ({fault.target})")
-            broker.kill()
-            self.stop.wait(fault.duration)
-            broker.start(wait=False)
-            self._note(f"restart {broker.name} after {fault.duration:.1f} s")
+            self._kill_for(broker, fault)
         else:
             self._note(f"SIGSTOP {broker.name} ({fault.target}) for {fault.duration:.1f} s")
             broker.pause()
