@@ -107,6 +107,9 @@ class Server:
         else:
             raise RuntimeError(f"{name} did not start")
 
+    def pid_alone(self) -> int:
+        return self.proc.pid
+
     def pids(self) -> dict[str, int]:
         """node → pid (alone: {"n0": the broker})."""
         if self.workers == 1:
@@ -283,8 +286,16 @@ def main(argv: list[str] | None = None) -> int:
                                                                      args.size, args.timeout, 2, 2)
                                                       for member, node in members]),
                 ]
+                node_pids = {"partitioned: one node": {"n0": alone.pid_alone()}}
+                node_pids["partitioned: logical"] = node_pids["partitioned: members"] = parts.pids()
                 for name, cmds in rotate(variants, rep):
-                    record(name, run_loadgens(cmds(), args.timeout))
+                    before = {n: cpu_ticks(p) for n, p in node_pids[name].items()}
+                    result = run_loadgens(cmds(), args.timeout)
+                    after = {n: cpu_ticks(p) for n, p in node_pids[name].items()}
+                    for n in before:
+                        cpu.setdefault(f"{name} {n}", []).append(
+                            (after[n] - before[n]) / CLK * 1e6 / max(1, result["received"]))
+                    record(name, result)
             if base is not None:
                 for name, server in rotate([("single: baseline", base), ("single: this tree", alone)], rep):
                     record(name, run_loadgens([loadgen_cmd(server.port, f"bench-p2p-{uuid.uuid4().hex[:8]}",

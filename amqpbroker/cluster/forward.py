@@ -29,7 +29,7 @@ from proton import Condition, Link
 
 from ..core.placement import UNAVAILABLE
 from ..core.settlement import LinkEnding
-from ..server.handlers import detach_with_condition
+from ..server.refusal import detach_with_condition
 from ..server.links import LATE_OUTCOME_WINDOW, link_credit
 from .deliveries import REJECTED, RELEASED, Tags, copy_outcome, is_null
 from .sends import OrderedSender, Outgoing, owner_state, write_state

@@ -31,7 +31,7 @@ from proton import Condition, Link
 from ..core.message import MalformedMessage, Message
 from ..core.placement import UNAVAILABLE, Partitioned
 from ..core.settlement import LinkEnding
-from ..server.handlers import detach_with_condition
+from ..server.refusal import detach_with_condition
 from ..server.links import LATE_OUTCOME_WINDOW, link_credit
 from .deliveries import RELEASED, Tags, copy_outcome, is_null
 from .relay import RelayLink

@@ -41,7 +41,7 @@ from ..server.refusal import AttachRefused
 from ..server.terminus import read_source, read_target
 from .forward import ForwardedConsumer, ForwardedLink, ForwardedProducer
 from .handoff import HANDED_OFF, Recorder, hand_off
-from .guard import LOCKED, LookupAnswer, SubscriptionGuard, held_subscription, is_lookup
+from .guard import LOCKED, LocalAttach, LookupAnswer, SubscriptionGuard, held_subscription, is_lookup
 from .info import CLUSTER_INFO_ADDRESS, ClusterInfoLink
 from .keyless import KeylessProducer
 from .lookup import LookupConsumer
@@ -370,15 +370,16 @@ class Router:
         registry.delete(sub)
 
     def _guarded(self, handler: Any, link: Any, placed: Any, others: list[str], durable: bool) -> Any:
-        """Ask the other nodes first (cluster/guard.py); then attach at the owner,
-        which may be this node (then through this node's own inter-node listener), or
-        at every member of a partitioned topic."""
+        """Ask the other nodes first (cluster/guard.py); then attach at the owner:
+        this node (in-process, as alone: guard.LocalAttach), another node, or every
+        member of a partitioned topic."""
         side = self.side(handler)
         if isinstance(placed, Partitioned):
             fwd: Any = FanInConsumer(side, handler, link, placed.members, start=False)
+        elif isinstance(placed, Local):
+            fwd = LocalAttach(side, handler, link)   # then attached here, in-process
         else:
-            target = self.node if isinstance(placed, Local) else placed.node
-            fwd = ForwardedConsumer(side, handler, link, side.peer(target))
+            fwd = ForwardedConsumer(side, handler, link, side.peer(placed.node))
 
         def then(refusal: Any) -> None:
             if fwd.state != "attaching" or fwd.client_gone:
@@ -389,7 +390,7 @@ class Router:
                 fwd.start()
 
         SubscriptionGuard(side, fwd.client_session, link, others, durable, then)
-        self.forwarded_total += 1
+        self.forwarded_total += not isinstance(placed, Local)
         return fwd
 
     def _scatter(self, handler: Any, link: Any, placed: Scatter) -> Any:

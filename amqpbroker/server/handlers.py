@@ -24,14 +24,14 @@ from dataclasses import replace
 
 from ..core.addresses import Resolution
 from .attach import ConsumerAttacher, temp_name
-from .refusal import AttachRefused
+from .refusal import AttachRefused, detach_with_condition, refuse_link
 from .links import EndedDeliveries, LinkConsumer, link_key, session_key
 from .inbound import receive, route
 from .producers import Producer
 from cproton import lib
 from .coordinator import Coordinator, stage_ack
 from .peer_fields import attach_problem, condition_text, link_name, open_problem
-from .terminus import read_source, read_target, write_null, write_target
+from .terminus import read_source, read_target, write_target
 from .sequence import CONTROL_ADDRESSES, RangeReader, attach_control
 from ..core.terms import TargetTerms
 
@@ -317,7 +317,17 @@ class ConnectionHandler:
                     self.links += 1
                     self.endpoints[link_key(link)] = forwarded
                     return
-            # Then steal (AMQP 1.0 §2.6.1), only from the same user: the previous
+        except AttachRefused as refused:
+            self.server.forget_link(self, link)
+            self.refuse(link, refused.condition, refused.description)
+            return
+        self.attach_here(link)
+
+    def attach_here(self, link: Link) -> None:
+        """The attach of a link this broker owns (also the cluster's, once the other
+        nodes have answered about a subscription's name: cluster/guard.py)."""
+        try:
+            # Steal first (AMQP 1.0 §2.6.1), only from the same user: the previous
             # holder's consumer must be gone before the subscription table looks at
             # consumer counts.
             self.server.steal_link(self, link)
@@ -347,17 +357,8 @@ class ConnectionHandler:
             raise AttachRefused(UNAUTHORIZED, refusal)
 
     def refuse(self, link: Link, condition: str, description: str) -> None:
-        """Null terminus + detach with the error: the refusal shape clients
-        understand (AMQP 1.0 §2.6.3; Qpid JMS checks for the null source/target)."""
-        if link.is_sender:
-            write_null(link.source)
-            link.target.copy(link.remote_target)
-        else:
-            write_null(link.target)
-            link.source.copy(link.remote_source)
-        link.open()
-        link.condition = Condition(condition, description)
-        link.close()
+        """Refuse an attach (server/refusal.py refuse_link), counted and logged."""
+        refuse_link(link, condition, description)
         self.server.metrics_refused[condition] = self.server.metrics_refused.get(condition, 0) + 1
         log.warning("connection %s: attach of link '%s' refused: %s: %s", self.protocol.peer,
                     link_name(link), condition, description)
@@ -595,11 +596,5 @@ class ConnectionHandler:
     def transactional_ack(self, consumer: LinkConsumer, dlv: Delivery, entry: Any) -> None:
         stage_ack(self, consumer, dlv, entry)
 
-
-def detach_with_condition(link: Link) -> None:
-    """Detach (closed=false) carrying link.condition: proton's Link.detach() does not
-    copy the condition into the engine the way close() does."""
-    link._update_cond()
-    link.detach()
 
 

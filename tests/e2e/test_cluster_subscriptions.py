@@ -161,6 +161,32 @@ def test_a_shared_non_durable_subscription_of_the_same_topic_is_shared_across_no
             c.close()
 
 
+def test_subscriptions_attached_at_their_topics_node_are_served_there_not_forwarded(cluster):
+    """A durable or shared subscription attached at the node that owns its topic is
+    checked with the other nodes first (cluster/guard.py), then attached in-process as
+    alone: no forwarded link (a consumer forwarded to its own node paid for forwarding
+    on every message), and it gets every message."""
+    import json
+
+    def forwarded_total() -> int:
+        return json.loads(cluster.get("n2", "/api/cluster"))["forwarded"]["links_total"]
+
+    t = owned_by("n2", "t", topic=True)
+    conn = connect(cluster.node_url("n2"), container_id=uid("client"))
+    try:
+        before = forwarded_total()
+        durable = durable_consumer(conn, f"amq.topic/{t}", uid("dsub"))
+        shared = [shared_consumer(conn, f"amq.topic/{t}", uid("ssub"), 1, durable=d) for d in (True, False)]
+        assert forwarded_total() == before
+        sent = publish_spread(cluster.node_url("n2"), t, links=1, per_link=5)
+        assert take_all(durable, timeout=1.0) == sent
+        for r in shared:
+            assert take_all(r, timeout=1.0) == sent
+        assert forwarded_total() == before
+    finally:
+        conn.close()
+
+
 # ------------------------------------------------------------------ a producer on an exchange without a key
 
 
