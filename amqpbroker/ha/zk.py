@@ -180,10 +180,19 @@ class ZkSession:
             raise ZkUnavailable("the live lock node is gone (the session expired)") from None
 
     async def release_lock(self) -> None:
-        from kazoo.exceptions import NoNodeError
+        """Give the live lock back, only while this session holds it.  ZooKeeper lets
+        any session delete any node: a live broker paused until the backup took over,
+        demoted once it woke up (its new session connected by then), deleted the lock
+        the new live broker held, which then failed its next lease renewal and stepped
+        down too, leaving the pair with no live broker (docs/ha.md, "Fault cases")."""
+        from kazoo.exceptions import BadVersionError, NoNodeError
+        stat = await self._request(lambda: self.client.exists_async(self.live_path))
+        if stat is None or stat.ephemeralOwner != self.session_id:
+            return
         try:
-            await self._request(lambda: self.client.delete_async(self.live_path))
-        except NoNodeError:
+            # Ours when asked; the version makes the delete miss a node made again since.
+            await self._request(lambda: self.client.delete_async(self.live_path, stat.version))
+        except (NoNodeError, BadVersionError):
             pass
 
     async def live(self) -> tuple[dict | None, bool]:

@@ -324,3 +324,44 @@ def test_a_backup_left_behind_never_takes_over(pair):
 
 
 SESSION_TIMEOUT_MARGIN = 3.0
+
+
+def test_a_broker_gives_back_only_a_live_lock_its_own_session_holds(zookeeper):
+    """The live lock is deleted on release only while this session holds it.  A live
+    broker paused until the backup took over is demoted when it wakes, and by then its
+    new session is connected: its release deleted the new live broker's lock (ZooKeeper
+    lets any session delete any node), the new live broker failed its next lease
+    renewal and stepped down too, and the pair had no live broker (found by
+    tests/e2e/test_cluster_pair.py's paused owner, one run in eight)."""
+    import asyncio
+
+    from amqpbroker.config import HaConfig
+    from amqpbroker.core.ha import Session
+    from amqpbroker.ha.zk import ZkSession
+
+    async def connected(*sessions: ZkSession) -> None:
+        for s in sessions:
+            s.start()
+        deadline = time.monotonic() + 30
+        while any(s.state is not Session.CONNECTED for s in sessions):
+            assert time.monotonic() < deadline, "ZooKeeper sessions did not connect"
+            await asyncio.sleep(0.05)
+
+    async def scenario() -> None:
+        cfg = HaConfig(zookeeper=f"127.0.0.1:{zookeeper.port}", cluster=uuid.uuid4().hex[:8], secret="s" * 16)
+        loop = asyncio.get_running_loop()
+        demoted, live = ZkSession(cfg, loop), ZkSession(cfg, loop)
+        await connected(demoted, live)
+        try:
+            assert await live.try_lock({"node": "new-live"})
+            await demoted.release_lock()          # the demoted broker's clean-up
+            info, mine = await live.live()
+            assert (info, mine) == ({"node": "new-live"}, True), "another session deleted the live lock"
+            assert await live.holds_lock()
+            await live.release_lock()             # its own: given back
+            assert (await demoted.live())[0] is None
+        finally:
+            await demoted.stop()
+            await live.stop()
+
+    asyncio.run(scenario())
