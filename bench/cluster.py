@@ -234,6 +234,15 @@ def main(argv: list[str] | None = None) -> int:
         note = f" ({result['failed']} loadgen runs incomplete)" if result["failed"] else ""
         print(f"  {name:<28} {result['rate']:>10,.0f} msgs/s{note}", file=sys.stderr, flush=True)
 
+    def measured(node_pids: dict[str, int], run, name: str) -> dict:
+        """run() with each node's CPU per message received recorded under `name`."""
+        before = {n: cpu_ticks(p) for n, p in node_pids.items()}
+        result = run()
+        after = {n: cpu_ticks(p) for n, p in node_pids.items()}
+        for n in before:
+            cpu.setdefault(f"{name} {n}", []).append((after[n] - before[n]) / CLK * 1e6 / max(1, result["received"]))
+        return result
+
     try:
         alone = Server(args.bin, name="alone")
         started.append(alone)
@@ -260,21 +269,18 @@ def main(argv: list[str] | None = None) -> int:
                             ("queues: workers2", lambda q: two.port),
                             ("queues: workers2 forwarding", lambda q: fwd.port),
                             ("queues: workers2 placed", lambda q: two.nodes[owners[slot_of(q, len(owners))]])]
+                node_pids = {"queues: workers1": {"n0": alone.pid_alone()}, "queues: workers2": two.pids(),
+                             "queues: workers2 placed": two.pids(), "queues: workers2 forwarding": pids}
                 for name, port_of in rotate(variants, rep):
                     qs = queue_names(args.queues, owners)   # fresh queues, half on each node
-                    record(name, run_loadgens([loadgen_cmd(port_of(q), q, per_queue, args.size, args.timeout)
-                                               for q in qs], args.timeout))
+                    record(name, measured(node_pids[name], lambda: run_loadgens(
+                        [loadgen_cmd(port_of(q), q, per_queue, args.size, args.timeout) for q in qs],
+                        args.timeout), name))
             if "forwarded" in scenarios:
                 q = next(n for n in queue_names(2, owners) if owners[slot_of(n, len(owners))] == "n1")
                 for name, node in rotate([("forwarded: direct (n1)", "n1"), ("forwarded: through n0", "n0")], rep):
-                    before = {n: cpu_ticks(p) for n, p in pids.items()}
-                    result = run_loadgens([loadgen_cmd(fwd.nodes[node], q, args.messages, args.size,
-                                                       args.timeout)], args.timeout)
-                    after = {n: cpu_ticks(p) for n, p in pids.items()}
-                    got = max(1, result["received"])
-                    for n in pids:
-                        cpu.setdefault(f"{name} {n}", []).append((after[n] - before[n]) / CLK * 1e6 / got)
-                    record(name, result)
+                    record(name, measured(pids, lambda: run_loadgens(
+                        [loadgen_cmd(fwd.nodes[node], q, args.messages, args.size, args.timeout)], args.timeout), name))
             if parts is not None:
                 members = member_nodes(PARTITIONED_TOPIC, owners)
                 variants = [
@@ -289,13 +295,7 @@ def main(argv: list[str] | None = None) -> int:
                 node_pids = {"partitioned: one node": {"n0": alone.pid_alone()}}
                 node_pids["partitioned: logical"] = node_pids["partitioned: members"] = parts.pids()
                 for name, cmds in rotate(variants, rep):
-                    before = {n: cpu_ticks(p) for n, p in node_pids[name].items()}
-                    result = run_loadgens(cmds(), args.timeout)
-                    after = {n: cpu_ticks(p) for n, p in node_pids[name].items()}
-                    for n in before:
-                        cpu.setdefault(f"{name} {n}", []).append(
-                            (after[n] - before[n]) / CLK * 1e6 / max(1, result["received"]))
-                    record(name, result)
+                    record(name, measured(node_pids[name], lambda: run_loadgens(cmds(), args.timeout), name))
             if base is not None:
                 for name, server in rotate([("single: baseline", base), ("single: this tree", alone)], rep):
                     record(name, run_loadgens([loadgen_cmd(server.port, f"bench-p2p-{uuid.uuid4().hex[:8]}",
