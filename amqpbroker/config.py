@@ -22,6 +22,9 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from .core.dn import dn_map
+from .core.durations import parse_duration
+
 
 class StrictModel(BaseModel):
     """The base of every settings section: an unknown key is an error, never
@@ -83,8 +86,7 @@ class TlsConfig(StrictModel):
     @field_validator("cert_users")
     @classmethod
     def _dn_keys(cls, value: dict[str, str]) -> dict[str, str]:
-        from .security.certs import CertIdentities
-        CertIdentities.from_settings("cn", value)     # ValueError names the key that is no DN
+        dn_map(value)     # ValueError names the key that is no DN
         return value
 
 
@@ -461,7 +463,6 @@ class ExpiryPolicyDecl(StrictModel):
     @field_validator("idle", mode="before")
     @classmethod
     def _duration(cls, value: Any) -> Any:
-        from .management.expiry import parse_duration
         return None if value is None else parse_duration(value)
 
     @model_validator(mode="after")

@@ -29,7 +29,7 @@ from ..core.limits import Overflow, QueueLimits
 from .admin import AdminError
 from .auth import Principal
 from .docs_ui import add_api_docs
-from .expiry import parse_duration
+from ..core.durations import parse_duration
 from .cluster import cluster_view
 from .ha import ha_view
 from .exposition import CONTENT_TYPE as METRICS_CONTENT_TYPE

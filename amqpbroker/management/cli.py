@@ -28,7 +28,7 @@ import time
 from typing import Any, Callable
 from urllib.parse import quote
 
-from .expiry import format_duration, parse_duration
+from ..core.durations import format_duration, parse_duration
 
 DEFAULT_URL = "http://127.0.0.1:8161"
 DEFAULT_QUEUE_LIMIT = 100

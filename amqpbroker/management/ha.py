@@ -15,6 +15,8 @@ import socket
 from types import SimpleNamespace
 from typing import Any
 
+from .http_server import embedded_server
+
 log = logging.getLogger("amqpbroker.management")
 
 PEER_STATES = ("alone", "syncing", "catching", "in-sync", "lost")
@@ -156,8 +158,6 @@ class BackupApi:
     async def start(self) -> None:
         import uvicorn
 
-        from .service import _EmbeddedServer
-
         m = self.settings.management
         if not m.enabled:
             return
@@ -174,7 +174,7 @@ class BackupApi:
                                 ws="none", server_header=False, timeout_graceful_shutdown=1,
                                 ssl_certfile=str(m.cert_file) if m.cert_file else None,
                                 ssl_keyfile=str(m.key_file) if m.key_file else None)
-        server = self._server = _EmbeddedServer(config)
+        server = self._server = embedded_server(config)
         self._task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
         while not server.started:
             if self._task.done():

@@ -27,6 +27,7 @@ from .auth import Authenticator
 from .expiry import DELETE, ExpiryAction, ExpiryRule, ExpiryTracker, evaluate
 from .messages import MessageOps
 from .metrics import Metrics
+from .http_server import embedded_server
 from .port import ManagedBroker
 
 log = logging.getLogger("amqpbroker.management")
@@ -131,7 +132,7 @@ class Operations:
             ws="none", server_header=False, timeout_graceful_shutdown=2,
             ssl_certfile=str(m.cert_file) if m.cert_file else None,
             ssl_keyfile=str(m.key_file) if m.key_file else None)
-        server = _EmbeddedServer(config)
+        server = embedded_server(config)
         self._http = server
         self._http_task = self.managed.loop.create_task(server.serve(sockets=[sock]))
         while not server.started:
@@ -218,23 +219,3 @@ class Operations:
             self.expiry_actions[act.action] = self.expiry_actions.get(act.action, 0) + 1
             done.append(act)
         return done
-
-
-def _embedded_server_class() -> type:
-    import uvicorn
-
-    class EmbeddedServer(uvicorn.Server):
-        """uvicorn on a loop it does not own: the broker handles the signals."""
-
-        @contextlib.contextmanager
-        def capture_signals(self):  # type: ignore[override]
-            yield
-
-        def install_signal_handlers(self) -> None:  # older uvicorn releases
-            pass
-
-    return EmbeddedServer
-
-
-def _EmbeddedServer(config: Any) -> Any:
-    return _embedded_server_class()(config)

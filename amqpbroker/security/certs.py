@@ -28,47 +28,13 @@ back with the certificate.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-_SPACES = re.compile(r"\s+")
-
-# One attribute of a DN, compared: (OID dotted string, normalised value).
-DnKey = tuple[frozenset[tuple[str, str]], ...]
-
-
-def _normalise(value: Any) -> str:
-    """caseIgnoreMatch with insignificant space handling (RFC 4518 §2.6.1): case
-    folded, leading and trailing spaces dropped, inner runs of spaces as one."""
-    if isinstance(value, bytes):
-        return value.hex()
-    return _SPACES.sub(" ", str(value)).strip().casefold()
-
-
-def dn_key(name: x509.Name) -> DnKey:
-    """What two DNs are compared by: the RDN sequence, each RDN a set."""
-    return tuple(frozenset((a.oid.dotted_string, _normalise(a.value)) for a in rdn) for rdn in name.rdns)
-
-
-def parse_dn(text: str) -> x509.Name:
-    """An RFC 4514 string as a Name; ValueError when it is not one (no attribute
-    type, bad escapes, an unknown attribute name)."""
-    if not isinstance(text, str) or "=" not in text:
-        raise ValueError(f"'{text}' is not a distinguished name (RFC 4514: 'CN=app1,O=Example')")
-    try:
-        name = x509.Name.from_rfc4514_string(text)
-    except Exception as exc:   # cryptography raises ValueError, and others for odd input
-        detail = f": {exc}" if str(exc) else ""
-        raise ValueError(f"'{text}' is not a distinguished name (RFC 4514: TYPE=value joined by ',', "
-                         f"no spaces around it; types such as CN, O, OU, C, or dotted OIDs){detail}") from None
-    if not name.rdns:
-        raise ValueError(f"'{text}' is an empty distinguished name")
-    return name
-
+from ..core.dn import DnKey, dn_key, dn_map, normalise
 
 def subject_of(der: bytes) -> x509.Name:
     return x509.load_der_x509_certificate(der).subject
@@ -97,15 +63,8 @@ class CertIdentities:
     def from_settings(cls, mode: str = "cn", cert_users: Mapping[str, str] | None = None,
                       cert_cn_users: Mapping[str, str] | None = None) -> "CertIdentities":
         """ValueError for a `cert_users` key that is not a DN."""
-        by_dn = {}
-        for text, user in (cert_users or {}).items():
-            key = dn_key(parse_dn(text))
-            if key in by_dn and by_dn[key] != user:
-                raise ValueError(f"cert_users: '{text}' names the same subject as another key "
-                                 f"with another user")
-            by_dn[key] = user
-        by_cn = {_normalise(cn): user for cn, user in (cert_cn_users or {}).items()}
-        return cls(mode, by_dn, by_cn)
+        by_cn = {normalise(cn): user for cn, user in (cert_cn_users or {}).items()}
+        return cls(mode, dn_map(cert_users or {}), by_cn)
 
     def identify(self, der: bytes | None) -> Identity:
         if not der:
@@ -122,8 +81,8 @@ class CertIdentities:
         if mapped is not None:
             return Identity(mapped, text)
         cns = common_names(subject)
-        if len(cns) == 1 and _normalise(cns[0]) in self.by_cn:
-            return Identity(self.by_cn[_normalise(cns[0])], text)
+        if len(cns) == 1 and normalise(cns[0]) in self.by_cn:
+            return Identity(self.by_cn[normalise(cns[0])], text)
         if self.mode == "subject":
             return Identity(text or None, text, "" if text else "an empty subject")
         if not cns:
@@ -142,5 +101,5 @@ def peer_certificate(sock: Any) -> bytes | None:
     return ssl_object.getpeercert(binary_form=True)
 
 
-__all__ = ["CertIdentities", "DnKey", "Identity", "common_names", "dn_key", "parse_dn", "peer_certificate",
+__all__ = ["CertIdentities", "DnKey", "Identity", "common_names", "peer_certificate",
            "subject_of"]

@@ -1,4 +1,5 @@
 """The idle-expiry policy and the `abandoned` test (amqpbroker/management/expiry.py),
+its durations (amqpbroker/core/durations.py),
 with an injected clock: no sleeping."""
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ from amqpbroker.management.expiry import (
     SubscriptionState,
     evaluate,
     evaluate_one,
-    format_duration,
     is_abandoned,
-    parse_duration,
 )
+from amqpbroker.core.durations import format_duration, parse_duration
 
 DAY = 86400.0
 NOW = 1_000 * DAY

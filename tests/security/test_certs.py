@@ -12,7 +12,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from amqpbroker.security.certs import CertIdentities, dn_key, parse_dn
+from amqpbroker.core.dn import dn_key, parse_dn
+from amqpbroker.security.certs import CertIdentities
 
 _KEY = ec.generate_private_key(ec.SECP256R1())
 
