@@ -12,6 +12,10 @@
   windows of different brokers may overlap in time, and no activation number may
   be served by two brokers.
 * Exits: no broker process may end on its own (only the nemesis kills).
+* Step-downs: a live broker whose accept window closed because the lock was no
+  longer its own ("invalid") while no fault touched it or ZooKeeper stepped down
+  because of something another broker did: a bug (a demoted broker deleted the
+  new live broker's lock: the pair had no live broker until one contended again).
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from dataclasses import dataclass, field
 from tests.faults.clients import Ledger
 from tests.faults.harness import FaultBroker
 
-WINDOW_RE = re.compile(r"ha: accept window (open|closed): node=(\S+) activation=(\d+) at=([\d.]+)")
+WINDOW_RE = re.compile(r"ha: accept window (open|closed): node=(\S+) activation=(\d+) at=([\d.]+)(?: \(([^)]*)\))?")
+INVALID = "invalid"      # the live broker's lock is another's, or the activation moved (core/ha.py)
 
 
 @dataclass
@@ -33,6 +38,16 @@ class Window:
     start: float
     end: float = float("inf")
     ended_by: str = "still open"
+    why: str = ""           # the reason the broker logged when it closed the window
+
+
+@dataclass(frozen=True)
+class FaultSpan:
+    """One fault of a nemesis: when it started and was healed, and whom it touched
+    (broker names, "zookeeper", "replication")."""
+    start: float
+    end: float
+    touched: frozenset[str]
 
 
 def windows(broker: FaultBroker) -> list[Window]:
@@ -44,7 +59,7 @@ def windows(broker: FaultBroker) -> list[Window]:
         m = WINDOW_RE.search(line)
         if not m:
             continue
-        kind, node, activation, at = m.group(1), m.group(2), int(m.group(3)), float(m.group(4))
+        kind, node, activation, at, why = m.group(1), m.group(2), int(m.group(3)), float(m.group(4)), m.group(5)
         if current is not None and kind == "open":   # the last one never closed: the process was killed
             kill = next((t for t in events if t >= current.start), float("inf"))
             current.end, current.ended_by = kill, "kill -9"
@@ -53,7 +68,7 @@ def windows(broker: FaultBroker) -> list[Window]:
         if kind == "open":
             current = Window(broker.name, node, activation, at)
         elif current is not None:
-            current.end, current.ended_by = at, "closed"
+            current.end, current.ended_by, current.why = at, "closed", why or ""
             out.append(current)
             current = None
     if current is not None:
@@ -79,6 +94,22 @@ def overlaps(all_windows: list[Window]) -> list[str]:
     return found
 
 
+def unprovoked_stepdowns(all_windows: list[Window], spans: list[FaultSpan], slack: float) -> list[str]:
+    """Windows closed "invalid" with no fault on their broker or on ZooKeeper from
+    `slack` seconds before the window opened to its close (a fault's effects, such as
+    a session that expires, may come a while after it)."""
+    found = []
+    for w in all_windows:
+        if w.ended_by != "closed" or w.why != INVALID:
+            continue
+        near = [s for s in spans if s.touched & {w.broker, "zookeeper"} and s.start <= w.end
+                and s.end >= w.start - slack]
+        if not near:
+            found.append(f"{w.broker} activation {w.activation} stepped down at {w.end:.3f} (lock not its own) "
+                         f"with no fault on it or on ZooKeeper since {w.start - slack:.3f}")
+    return found
+
+
 @dataclass
 class Verdict:
     accepted_durable: int = 0
@@ -88,23 +119,26 @@ class Verdict:
     duplicates: int = 0
     windows: list[Window] = field(default_factory=list)
     overlaps: list[str] = field(default_factory=list)
+    stepdowns: list[str] = field(default_factory=list)
     exits: dict[str, list[int]] = field(default_factory=dict)
     details: str = ""       # log tails, for a failure's message
 
     @property
     def ok(self) -> bool:
-        return not self.lost and not self.overlaps and not any(self.exits.values())
+        return not self.lost and not self.overlaps and not self.stepdowns and not any(self.exits.values())
 
     def summary(self) -> str:
         return (f"{self.accepted_durable} durable + {self.accepted_non_durable} non-durable Accepted; "
                 f"lost {len(self.lost)}; duplicates {self.duplicates}; non-durable not delivered "
                 f"{self.non_durable_missing}; accept windows {len(self.windows)}, overlapping "
-                f"{len(self.overlaps)}; unexpected exits {self.exits}")
+                f"{len(self.overlaps)}; unprovoked step-downs {len(self.stepdowns)}; unexpected exits {self.exits}")
 
 
 def check(ledger: Ledger, streams: dict[str, str], brokers: list[FaultBroker],
-          extra_received: dict[str, set[str]] | None = None) -> Verdict:
-    """`streams`: producer name prefix -> the consumer stream that must receive it."""
+          extra_received: dict[str, set[str]] | None = None, spans: list[FaultSpan] | None = None,
+          slack: float = 0.0) -> Verdict:
+    """`streams`: producer name prefix -> the consumer stream that must receive it;
+    `spans`: the nemesis's faults (given: step-downs are checked, `slack` seconds back)."""
     v = Verdict()
     extra_received = extra_received or {}
     with ledger.lock:
@@ -129,5 +163,7 @@ def check(ledger: Ledger, streams: dict[str, str], brokers: list[FaultBroker],
         v.exits[b.name] = b.unexpected_exits()
     v.windows.sort(key=lambda w: w.start)
     v.overlaps = overlaps(v.windows)
+    if spans is not None:
+        v.stepdowns = unprovoked_stepdowns(v.windows, spans, slack)
     v.lost.sort()
     return v

@@ -27,6 +27,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from tests.faults.checker import FaultSpan
 from tests.faults.harness import FaultBroker, FaultPair
 from tests.faults.relay import PARTITION, RESET
 
@@ -79,6 +80,7 @@ class Nemesis:
         self.pair = pair
         self.faults = faults
         self.done: list[tuple[float, str]] = []    # (time.time(), what was done to whom)
+        self.spans: list[FaultSpan] = []            # each fault: when, and whom it touched
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="nemesis", daemon=True)
         self.error: BaseException | None = None
@@ -97,6 +99,10 @@ class Nemesis:
     def _note(self, what: str) -> None:
         self.done.append((time.time(), what))
 
+    def _touch(self, name: str) -> None:
+        """The fault being carried out acts on `name` (a broker, "zookeeper", "replication")."""
+        self._touched.add(name)
+
     def _roles(self) -> tuple[FaultBroker, FaultBroker]:
         live = self.pair.live() or self.pair.a
         return live, self.pair.other(live)
@@ -106,7 +112,10 @@ class Nemesis:
             for fault in self.faults:
                 if self.stop.is_set():
                     return
+                self._touched: set[str] = set()
+                start = time.time()
                 self._apply(fault)
+                self.spans.append(FaultSpan(start, time.time(), frozenset(self._touched)))
                 self._calm(fault)
         except BaseException as exc:   # reported by join()
             self.error = exc
@@ -118,6 +127,7 @@ class Nemesis:
     def _kill_for(self, broker: FaultBroker, fault: Fault) -> None:
         """kill -9, and the broker started again on its store `fault.duration` later."""
         self._note(f"kill -9 {broker.name} ({fault.target})")
+        self._touch(broker.name)
         broker.kill()
         self.stop.wait(fault.duration)
         broker.start(wait=False)
@@ -130,12 +140,14 @@ class Nemesis:
             self._kill_for(broker, fault)
         elif fault.kind == "pause":
             self._note(f"SIGSTOP {broker.name} ({fault.target})")
+            self._touch(broker.name)
             broker.pause()
             self.stop.wait(fault.duration)
             broker.resume()
             self._note(f"SIGCONT {broker.name}")
         elif fault.kind == "pause-zk":
             self._note("SIGSTOP zookeeper")
+            self._touch("zookeeper")
             self.pair.zk.pause()
             self.stop.wait(fault.duration)
             self.pair.zk.resume()
@@ -143,6 +155,7 @@ class Nemesis:
         elif fault.kind == "cut-repl":
             relays = [b.replication_relay for b in self.pair.brokers.values()]
             self._note(f"cut the replication link ({fault.how})")
+            self._touch("replication")
             for r in relays:
                 r.cut(fault.how)
             self.stop.wait(fault.duration)
@@ -151,6 +164,7 @@ class Nemesis:
             self._note("heal the replication link")
         elif fault.kind == "cut-zk":
             self._note(f"cut {broker.name}'s ZooKeeper link ({fault.target}, {fault.how})")
+            self._touch(broker.name)
             broker.zk_relay.cut(fault.how)
             self.stop.wait(fault.duration)
             broker.zk_relay.heal()

@@ -88,6 +88,7 @@ class Nemesis(PairNemesis):
         self.progress = progress
         self.describe = describe     # the clients' state, for a failure's message
         self.done: list[tuple[float, str]] = []
+        self.spans: list = []
         self.stop = threading.Event()
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="pair-cluster-nemesis", daemon=True)
@@ -112,6 +113,7 @@ class Nemesis(PairNemesis):
         backup = next(b for b in self.pair() if b is not live)
         if fault.kind == "pause-zk":
             self._note(f"SIGSTOP zookeeper for {fault.duration:.1f} s")
+            self._touch("zookeeper")
             self.cluster.zk.pause()
             self.stop.wait(fault.duration)
             self.cluster.zk.resume()
@@ -122,6 +124,7 @@ class Nemesis(PairNemesis):
             self._kill_for(broker, fault)
         else:
             self._note(f"SIGSTOP {broker.name} ({fault.target}) for {fault.duration:.1f} s")
+            self._touch(broker.name)
             broker.pause()
             self.stop.wait(fault.duration)
             broker.resume()

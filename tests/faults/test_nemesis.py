@@ -154,7 +154,8 @@ def run_schedule(zookeeper: ZooKeeper, root, seed: int, seconds: float):
         clients.stop()
         # Anything still waiting (delivered to a consumer that went, not yet back).
         extra = drain_what_waits(pair)
-        verdict = check(ledger, streams, list(pair.brokers.values()), extra)
+        verdict = check(ledger, streams, list(pair.brokers.values()), extra, spans=nemesis.spans,
+                        slack=3 * SESSION_TIMEOUT)
         print(f"\nseed {seed}: {len(faults)} faults: " + "; ".join(f.describe() for f in faults))
         print("  done: " + "; ".join(what for _, what in nemesis.done))
         print(f"  {verdict.summary()}")
@@ -177,3 +178,4 @@ def test_nemesis_schedule(zookeeper, tmp_path, seed):
     assert not verdict.lost, f"{len(verdict.lost)} Accepted durable message(s) lost: {verdict.lost[:10]}"
     assert not verdict.overlaps, "accept windows overlap:\n" + "\n".join(verdict.overlaps)
     assert not any(verdict.exits.values()), f"broker processes ended on their own: {verdict.exits}\n{verdict.details}"
+    assert not verdict.stepdowns, "\n".join(verdict.stepdowns) + "\n" + verdict.details

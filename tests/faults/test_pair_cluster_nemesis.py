@@ -136,7 +136,8 @@ def run_schedule(root, seed: int, seconds: float) -> dict:
         live_a = lambda: (nemesis.live() or cluster.pair["primary"]).url   # noqa: E731
         drained = {qa: drain_through_owner(nemesis, live_a, qa),
                    qb: drain_through_owner(nemesis, lambda: cluster.b.url, qb)}
-        verdict = check(ledger, streams, cluster.brokers(), {q: set(ids) for q, ids in drained.items()})
+        verdict = check(ledger, streams, cluster.brokers(), {q: set(ids) for q, ids in drained.items()},
+                        spans=nemesis.spans, slack=3 * max(PAIR_SESSION_TIMEOUT, CLUSTER_SESSION_TIMEOUT))
         names = {b.url: b.name for b in cluster.pair.values()}
         with ledger.lock:
             seen = [(names[url], at) for url, at in ledger.accepted.values() if url in names]
@@ -174,3 +175,4 @@ def test_pair_cluster_nemesis_schedule(tmp_path, seed):
     assert not any(verdict.exits.values()), f"broker processes ended on their own: {verdict.exits}\n{found['tails']}"
     assert not verdict.overlaps, "accept windows of node a overlap:\n" + "\n".join(verdict.overlaps)
     assert not found["view"], "two brokers of node a accepted at once:\n" + "\n".join(found["view"])
+    assert not verdict.stepdowns, "\n".join(verdict.stepdowns) + "\n" + found["tails"]
