@@ -172,12 +172,19 @@ class ZkSession:
         return True
 
     async def publish(self, info: dict) -> None:
-        """What the backup needs to find the live broker (its lock node's data)."""
-        from kazoo.exceptions import NoNodeError
+        """What the backup needs to find the live broker (its lock node's data), written
+        only while this session holds the lock: a broker paused between taking the lock
+        and publishing must not overwrite the data of the broker that took it over
+        (whose backup would then look for the live broker at the wrong address)."""
+        from kazoo.exceptions import BadVersionError, NoNodeError
+        stat = await self._request(lambda: self.client.exists_async(self.live_path))
+        if stat is None or stat.ephemeralOwner != self.session_id:
+            raise ZkUnavailable("the live lock is not this session's any more (the session expired)")
         try:
-            await self._request(lambda: self.client.set_async(self.live_path, json.dumps(info).encode()))
-        except NoNodeError:
-            raise ZkUnavailable("the live lock node is gone (the session expired)") from None
+            await self._request(lambda: self.client.set_async(self.live_path, json.dumps(info).encode(),
+                                                              stat.version))
+        except (NoNodeError, BadVersionError):
+            raise ZkUnavailable("the live lock changed while it was being published") from None
 
     async def release_lock(self) -> None:
         """Give the live lock back, only while this session holds it.  ZooKeeper lets

@@ -327,7 +327,8 @@ SESSION_TIMEOUT_MARGIN = 3.0
 
 
 def test_a_broker_gives_back_only_a_live_lock_its_own_session_holds(zookeeper):
-    """The live lock is deleted on release only while this session holds it.  A live
+    """The live lock is deleted on release, and its data published, only while this
+    session holds it.  A live
     broker paused until the backup took over is demoted when it wakes, and by then its
     new session is connected: its release deleted the new live broker's lock (ZooKeeper
     lets any session delete any node), the new live broker failed its next lease
@@ -337,7 +338,7 @@ def test_a_broker_gives_back_only_a_live_lock_its_own_session_holds(zookeeper):
 
     from amqpbroker.config import HaConfig
     from amqpbroker.core.ha import Session
-    from amqpbroker.ha.zk import ZkSession
+    from amqpbroker.ha.zk import ZkSession, ZkUnavailable
 
     async def connected(*sessions: ZkSession) -> None:
         for s in sessions:
@@ -354,9 +355,13 @@ def test_a_broker_gives_back_only_a_live_lock_its_own_session_holds(zookeeper):
         await connected(demoted, live)
         try:
             assert await live.try_lock({"node": "new-live"})
+            with pytest.raises(ZkUnavailable):    # a late publish of the broker that lost the lock
+                await demoted.publish({"node": "old-live", "replication": "127.0.0.1:1"})
+            await live.publish({"node": "new-live", "replication": "127.0.0.1:2"})
             await demoted.release_lock()          # the demoted broker's clean-up
             info, mine = await live.live()
-            assert (info, mine) == ({"node": "new-live"}, True), "another session deleted the live lock"
+            assert (info, mine) == ({"node": "new-live", "replication": "127.0.0.1:2"}, True), \
+                "another session deleted or overwrote the live lock"
             assert await live.holds_lock()
             await live.release_lock()             # its own: given back
             assert (await demoted.live())[0] is None
