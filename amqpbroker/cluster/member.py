@@ -47,7 +47,7 @@ class MemberSide:
     async def connect(self) -> None:
         """The ZooKeeper session and the slot map (raises when ZooKeeper cannot be had)."""
         from .membership import Membership
-        from .node import check_partitioned, cluster_options
+        from .options import check_partitioned, cluster_options
         self.membership = Membership(self.cfg, self.loop)
         try:
             await self.membership.start()

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..config import Settings
 from ..core.placement import DEFAULT_SLOTS, static_map
+from .options import check_partitioned, cluster_options
 
 log = logging.getLogger("amqpbroker.cluster")
 
@@ -125,29 +126,6 @@ async def run_worker(settings: Settings, loop: asyncio.AbstractEventLoop, spec: 
     shovels.close()
     await server.stop()
     return 0
-
-
-def cluster_options(settings: Settings) -> tuple[frozenset[str], dict[str, int]]:
-    """The pinned exchanges and the partitioned destinations (owning key → members) of
-    `[cluster]` (the same on every node: they are configuration)."""
-    cfg = settings.cluster
-    if cfg is None:
-        return frozenset(), {}
-    from ..core.broker import BUILTIN_EXCHANGES
-    from ..core.placement import owning_key
-    exchanges = {name: kind.value for name, kind in BUILTIN_EXCHANGES}
-    exchanges.update({e.name: e.type for e in settings.exchanges})
-    pinned = frozenset(cfg.pinned_exchanges)
-    partitioned = {owning_key(p.address, topic=p.topic, exchanges=exchanges, pinned=pinned).key: p.members
-                   for p in cfg.partitioned}
-    return pinned, partitioned
-
-
-def check_partitioned(slots: Any) -> None:
-    owning = len(set(slots.owners))
-    for key, members in slots.partitioned.items():
-        if members > owning:
-            raise ValueError(f"partitioned '{key}': {members} members but {owning} nodes own slots")
 
 
 def _unix_path(address: str) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..core.budget import body_room
 from ..core.cursors import Cursor
@@ -33,8 +33,20 @@ from .logrecords import (LogRecord, StoredCursor, decode_cursor, decode_record, 
                          encode_route, key, scan_row, unkey)
 from .reads import LOG_QUEUE
 
-if TYPE_CHECKING:
-    from .durability import DurabilityManager
+
+class LogOwner(Protocol):
+    """What the topic log needs of the durability layer that owns it (store/durability.py
+    DurabilityManager): the store, the broker model, the subscription table, and the
+    reference counts of bodies shared by several entries."""
+
+    store: Any
+    broker: Any
+    registry: Any
+    refs: dict[int, int]
+
+    def _hold_message(self, msg: Message) -> int: ...
+
+    def _release_message(self, mid: int) -> bool: ...
 
 log = logging.getLogger("amqpbroker.store")
 
@@ -57,7 +69,7 @@ class Pending:
 
 
 class SubscriptionLog:
-    def __init__(self, dm: "DurabilityManager"):
+    def __init__(self, dm: LogOwner):
         self.dm = dm
         self.store = dm.store
         self.broker = dm.broker
