@@ -107,9 +107,6 @@ class Server:
         else:
             raise RuntimeError(f"{name} did not start")
 
-    def pid_alone(self) -> int:
-        return self.proc.pid
-
     def pids(self) -> dict[str, int]:
         """node → pid (alone: {"n0": the broker})."""
         if self.workers == 1:
@@ -269,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
                             ("queues: workers2", lambda q: two.port),
                             ("queues: workers2 forwarding", lambda q: fwd.port),
                             ("queues: workers2 placed", lambda q: two.nodes[owners[slot_of(q, len(owners))]])]
-                node_pids = {"queues: workers1": {"n0": alone.pid_alone()}, "queues: workers2": two.pids(),
+                node_pids = {"queues: workers1": alone.pids(), "queues: workers2": two.pids(),
                              "queues: workers2 placed": two.pids(), "queues: workers2 forwarding": pids}
                 for name, port_of in rotate(variants, rep):
                     qs = queue_names(args.queues, owners)   # fresh queues, half on each node
@@ -292,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                      args.size, args.timeout, 2, 2)
                                                       for member, node in members]),
                 ]
-                node_pids = {"partitioned: one node": {"n0": alone.pid_alone()}}
+                node_pids = {"partitioned: one node": alone.pids()}
                 node_pids["partitioned: logical"] = node_pids["partitioned: members"] = parts.pids()
                 for name, cmds in rotate(variants, rep):
                     record(name, measured(node_pids[name], lambda: run_loadgens(cmds(), args.timeout), name))

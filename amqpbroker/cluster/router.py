@@ -390,7 +390,8 @@ class Router:
                 fwd.start()
 
         SubscriptionGuard(side, fwd.client_session, link, others, durable, then)
-        self.forwarded_total += not isinstance(placed, Local)
+        if not isinstance(placed, Local):
+            self.forwarded_total += 1
         return fwd
 
     def _scatter(self, handler: Any, link: Any, placed: Scatter) -> Any:

@@ -177,8 +177,8 @@ class ZkSession:
         and publishing must not overwrite the data of the broker that took it over
         (whose backup would then look for the live broker at the wrong address)."""
         from kazoo.exceptions import BadVersionError, NoNodeError
-        stat = await self._request(lambda: self.client.exists_async(self.live_path))
-        if stat is None or stat.ephemeralOwner != self.session_id:
+        stat = await self._held_lock()
+        if stat is None:
             raise ZkUnavailable("the live lock is not this session's any more (the session expired)")
         try:
             await self._request(lambda: self.client.set_async(self.live_path, json.dumps(info).encode(),
@@ -193,8 +193,8 @@ class ZkSession:
         the new live broker held, which then failed its next lease renewal and stepped
         down too, leaving the pair with no live broker (docs/ha.md, "Fault cases")."""
         from kazoo.exceptions import BadVersionError, NoNodeError
-        stat = await self._request(lambda: self.client.exists_async(self.live_path))
-        if stat is None or stat.ephemeralOwner != self.session_id:
+        stat = await self._held_lock()
+        if stat is None:
             return
         try:
             # Ours when asked; the version makes the delete miss a node made again since.
@@ -218,8 +218,12 @@ class ZkSession:
     async def holds_lock(self) -> bool:
         """Whether the live node exists and belongs to this session (a lease renewal:
         a round trip to the server that proves the session alive when it was sent)."""
+        return await self._held_lock() is not None
+
+    async def _held_lock(self) -> Any:
+        """The live node's stat when this session holds it, else None."""
         stat = await self._request(lambda: self.client.exists_async(self.live_path))
-        return stat is not None and stat.ephemeralOwner == self.session_id
+        return stat if stat is not None and stat.ephemeralOwner == self.session_id else None
 
 
 def _settle(future: asyncio.Future, result: Any) -> None:

@@ -36,6 +36,7 @@ from cryptography.x509.oid import NameOID
 
 from ..core.dn import DnKey, dn_key, dn_map, normalise
 
+
 def subject_of(der: bytes) -> x509.Name:
     return x509.load_der_x509_certificate(der).subject
 
@@ -101,5 +102,4 @@ def peer_certificate(sock: Any) -> bytes | None:
     return ssl_object.getpeercert(binary_form=True)
 
 
-__all__ = ["CertIdentities", "DnKey", "Identity", "common_names", "peer_certificate",
-           "subject_of"]
+__all__ = ["CertIdentities", "Identity", "common_names", "peer_certificate", "subject_of"]

@@ -328,12 +328,12 @@ SESSION_TIMEOUT_MARGIN = 3.0
 
 def test_a_broker_gives_back_only_a_live_lock_its_own_session_holds(zookeeper):
     """The live lock is deleted on release, and its data published, only while this
-    session holds it.  A live
-    broker paused until the backup took over is demoted when it wakes, and by then its
-    new session is connected: its release deleted the new live broker's lock (ZooKeeper
-    lets any session delete any node), the new live broker failed its next lease
-    renewal and stepped down too, and the pair had no live broker (found by
-    tests/e2e/test_cluster_pair.py's paused owner, one run in eight)."""
+    session holds it.  A live broker paused until the backup took over is demoted when
+    it wakes, and by then its new session is connected: its release deleted the new
+    live broker's lock (ZooKeeper lets any session delete any node), the new live
+    broker failed its next lease renewal and stepped down too, and the pair had no live
+    broker (found by tests/e2e/test_cluster_pair.py's paused owner, one run in five to
+    eight)."""
     import asyncio
 
     from amqpbroker.config import HaConfig

@@ -81,6 +81,7 @@ class Nemesis:
         self.faults = faults
         self.done: list[tuple[float, str]] = []    # (time.time(), what was done to whom)
         self.spans: list[FaultSpan] = []            # each fault: when, and whom it touched
+        self._touched: set[str] = set()             # whom the fault being carried out touches
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="nemesis", daemon=True)
         self.error: BaseException | None = None
@@ -112,7 +113,7 @@ class Nemesis:
             for fault in self.faults:
                 if self.stop.is_set():
                     return
-                self._touched: set[str] = set()
+                self._touched = set()
                 start = time.time()
                 self._apply(fault)
                 self.spans.append(FaultSpan(start, time.time(), frozenset(self._touched)))
