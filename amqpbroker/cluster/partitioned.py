@@ -13,8 +13,15 @@ destination (`orders.p0` …, `amq.topic/prices.p0` …) owned by a different no
   nodes share each member's messages: one copy per subscription.
 
 Ordering guarantees: per member (and so per group, and per producer link without a
-group); none across members.  Every member is reached through a connection to its
-node, this node's own included (through its inter-node listener).
+group); none across members.
+
+A producer attached at a node that owns a member sticks to that member (`own_member`):
+it is a producer of this node, attached in-process (server/ports.py `AttachHere`), and
+only a message whose group belongs to another node's member goes over an inter-node
+connection (Router.partition_target, as the anonymous relay sends it).  Elsewhere the
+producer is a `PartitionedProducer` (sticky to a member chosen at random), and a
+consumer is fed from every member through connections to their nodes, this node's own
+included (through its inter-node listener).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import logging
 import random
 import zlib
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 from cproton import ffi, lib
@@ -48,6 +56,26 @@ def member_of(group: str | None, sticky: int, count: int) -> int:
     if group is None:
         return sticky
     return zlib.crc32(group.encode("utf-8", "surrogatepass")) % count
+
+
+@dataclass(frozen=True)
+class MemberRoute:
+    """A producer's partitioned destination with a member on this node: the members,
+    and this node's own, the producer's sticky one (Router.partition_target)."""
+
+    members: tuple[tuple[str, str], ...]   # (member address, node) each
+    sticky: int
+    address: str                           # members[sticky]'s address
+
+
+def own_member(members: tuple[tuple[str, str], ...], node: str) -> MemberRoute | None:
+    """The route of a producer attached at `node`: its messages without a group go to
+    the node's own member (the first, if it has several), so they are routed in this
+    process, never through an inter-node connection; None: `node` has no member."""
+    for i, (address, owner) in enumerate(members):
+        if owner == node:
+            return MemberRoute(members, i, address)
+    return None
 
 
 class Unplaced(Exception):

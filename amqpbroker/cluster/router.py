@@ -37,6 +37,7 @@ from ..core.settlement import LinkEnding
 from ..core.subscriptions import SubscriptionKey, identity
 from ..core.terms import CAP_SHARED, CAP_TOPIC, ExpiryPolicy
 from ..server.peer_fields import symbols
+from ..server.ports import AttachHere
 from ..server.refusal import AttachRefused
 from ..server.terminus import read_source, read_target
 from .forward import ForwardedConsumer, ForwardedLink, ForwardedProducer
@@ -45,7 +46,7 @@ from .guard import LOCKED, LocalAttach, LookupAnswer, SubscriptionGuard, held_su
 from .info import CLUSTER_INFO_ADDRESS, ClusterInfoLink
 from .keyless import KeylessProducer
 from .lookup import LookupConsumer
-from .partitioned import FanInConsumer, PartitionedProducer, member_of
+from .partitioned import FanInConsumer, MemberRoute, PartitionedProducer, member_of, own_member
 from .relay import RelayLink
 from .txn import TxnRoutes
 from .peer import PeerConnection
@@ -281,6 +282,9 @@ class Router:
             self.forwarded_total += 1
             return KeylessProducer(self.side(handler), handler, link, shape.address)
         if isinstance(placed, Partitioned):
+            own = None if link.is_sender else own_member(placed.members, self.node)
+            if own is not None:
+                return AttachHere(own.address, own)   # in-process; each message: partition_target
             side = self.side(handler)
             self.forwarded_total += 1
             if link.is_sender:
@@ -490,6 +494,18 @@ class Router:
                 producer.settle_in_order(dlv, lib.PN_REJECTED, cond)
             return True
         return False
+
+    def partition_target(self, handler: Any, producer: Any, dlv: Any, msg: Any) -> Any:
+        """A message of a producer whose partitioned destination has a member here
+        (`own_member`): routed here unless its group's member is another node's, then
+        relayed there on the client's connection to that node (cluster/relay.py)."""
+        route: MemberRoute = producer.partition
+        address, node = route.members[member_of(msg.group_id(), route.sticky, len(route.members))]
+        if node != self.node:
+            side = self.side(handler)
+            side.member(lib.pn_link_session(producer.impl), node, address).send(producer, dlv, msg.raw, address)
+            return None
+        return producer.target if address == route.address else handler.broker.resolve(address)
 
     def discharge(self, coordinator: Any, dlv: Any, txn_id: Any, fail: bool) -> bool:
         return self.txns.discharge(coordinator, dlv, txn_id, fail)

@@ -18,20 +18,20 @@ from ..core.broker import QueueLimit
 from ..core.queues import LifetimePolicy
 from ..core.settlement import LinkEnding
 from ..core.wire import close_frame
-from ..security.guard import UNAUTHORIZED
 from ..core.subscriptions import RESOURCE_LIMIT, DetachAction
 from dataclasses import replace
 
 from ..core.addresses import Resolution
 from .attach import ConsumerAttacher, temp_name
-from .refusal import AttachRefused, detach_with_condition, refuse_link
+from .ports import AttachHere
+from .refusal import AttachRefused, check_access, detach_with_condition, refuse_link
 from .links import EndedDeliveries, LinkConsumer, link_key, session_key
 from .inbound import receive, route
 from .producers import Producer
 from cproton import lib
 from .coordinator import Coordinator, stage_ack
 from .peer_fields import attach_problem, condition_text, link_name, open_problem
-from .terminus import read_source, read_target, write_target
+from .terminus import read_target, write_target
 from .sequence import CONTROL_ADDRESSES, RangeReader, attach_control
 from ..core.terms import TargetTerms
 
@@ -307,12 +307,15 @@ class ConnectionHandler:
             return
         link.max_message_size = self.server.settings.limits.max_message_size
         try:
-            self._check_access(link)
+            check_access(self.server.access, self.protocol.user, link, self.container_id)
             cluster = self.server.cluster
             if cluster is not None:
                 # Another node owns the address: the link is forwarded there
                 # (amqpbroker/cluster, through server/ports.py ClusterPort).
                 forwarded = cluster.attach(self, link)
+                if isinstance(forwarded, AttachHere):
+                    self.attach_here(link, forwarded)   # a partitioned destination's member here
+                    return
                 if forwarded is not None:
                     self.links += 1
                     self.endpoints[link_key(link)] = forwarded
@@ -323,7 +326,7 @@ class ConnectionHandler:
             return
         self.attach_here(link)
 
-    def attach_here(self, link: Link) -> None:
+    def attach_here(self, link: Link, here: AttachHere | None = None) -> None:
         """The attach of a link this broker owns (also the cluster's, once the other
         nodes have answered about a subscription's name: cluster/guard.py)."""
         try:
@@ -334,27 +337,13 @@ class ConnectionHandler:
             if link.is_sender:
                 endpoint = self.attacher.attach(link)
             else:
-                endpoint = self._attach_producer(link)
+                endpoint = self._attach_producer(link, here)
         except AttachRefused as refused:
             self.server.forget_link(self, link)
             self.refuse(link, refused.condition, refused.description)
             return
         self.links += 1
         self.endpoints[link_key(link)] = endpoint
-
-    def _check_access(self, link: Link) -> None:
-        """The ACL (security/guard.py) on an attach: AttachRefused when not allowed."""
-        access = self.server.access
-        if not access.enabled:
-            return
-        user = self.protocol.user
-        if link.is_sender:
-            refusal = access.consumer_refusal(user, read_source(link.remote_source), link.name,
-                                              self.container_id)
-        else:
-            refusal = access.producer_refusal(user, read_target(link.remote_target))
-        if refusal is not None:
-            raise AttachRefused(UNAUTHORIZED, refusal)
 
     def refuse(self, link: Link, condition: str, description: str) -> None:
         """Refuse an attach (server/refusal.py refuse_link), counted and logged."""
@@ -363,8 +352,10 @@ class ConnectionHandler:
         log.warning("connection %s: attach of link '%s' refused: %s: %s", self.protocol.peer,
                     link_name(link), condition, description)
 
-    def _attach_producer(self, link: Link) -> Producer:
+    def _attach_producer(self, link: Link, here: AttachHere | None = None) -> Producer:
         target = read_target(link.remote_target)
+        if here is not None:   # the client's terms answered; its messages go to `here`
+            check_access(self.server.access, self.protocol.user, link, self.container_id, here.address)
         if target.coordinator:
             return self._attach_coordinator(link)
         if target.address in CONTROL_ADDRESSES:   # $amqpbroker.queue-info / $amqpbroker.ack
@@ -387,7 +378,8 @@ class ConnectionHandler:
             target = replace(target, address=name)
         elif target.address:
             try:
-                resolution = self.broker.resolve(target.address, topic=target.has("topic"))
+                address = target.address if here is None else here.address
+                resolution = self.broker.resolve(address, topic=target.has("topic"))
             except AddressNotFound as exc:
                 raise AttachRefused("amqp:not-found", exc.why) from None
             if resolution.kind is AddressKind.NEW_QUEUE:
@@ -404,6 +396,7 @@ class ConnectionHandler:
         limits = self.server.settings.limits
         producer = Producer(self, link, resolution, limits.link_credit, limits.max_message_size)
         producer.temp_node = temp_node
+        producer.partition = None if here is None else here.partition
         return producer
 
     def _attach_coordinator(self, link: Link) -> Coordinator:

@@ -45,6 +45,10 @@ def receive(handler: "LinkOwner", producer: Producer, dlv: Any, raw: bytes) -> N
                          f"durable messages are refused for now: {why}" if why else "message store is full")
             return
         target = producer.target
+        if producer.partition is not None:   # a partitioned destination's member here
+            target = handler.server.cluster.partition_target(handler, producer, dlv, msg)
+            if target is None:
+                return   # another node's member: settled with that node's outcome
         if target is None:
             if handler.server.access.enabled:
                 denied = handler.server.access.relay_denied(handler.protocol.user, msg)

@@ -15,6 +15,7 @@ imported.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from ..core.settlement import LinkEnding
@@ -226,14 +227,27 @@ class ForwardedEndpoint(Protocol):
         """The link's session or connection ended (or the broker ended the link)."""
 
 
+@dataclass(frozen=True)
+class AttachHere:
+    """ClusterPort.attach's answer for a producer served here under another address than
+    the one it names: the member of a partitioned destination that this node owns
+    (cluster/partitioned.py).  The client's link keeps its own terms; its messages go
+    to `address` unless `partition` (opaque here) sends one elsewhere
+    (ClusterPort.partition_target)."""
+
+    address: str
+    partition: Any
+
+
 class ClusterPort(Protocol):
     """The cluster as the connection handler sees it."""
 
     node: str   # this node's id (named in temporary addresses)
 
-    def attach(self, handler: Any, link: Any) -> ForwardedEndpoint | None:
+    def attach(self, handler: Any, link: Any) -> ForwardedEndpoint | AttachHere | None:
         """An attach, after the ACL check: None when this node owns the address (the
-        handler goes on as alone), else the forwarded endpoint.  Raises
+        handler goes on as alone), `AttachHere` to serve it here under another address,
+        else the forwarded endpoint.  Raises
         server.refusal.AttachRefused when it can go nowhere (owner away)."""
 
     def protocol_factory(self, listener: Any, make: Any) -> Any:
@@ -258,6 +272,11 @@ class ClusterPort(Protocol):
         keeps its place in the producer's settlement order: a slot from
         `producer.settle_in_order(dlv, None, ready=False)`, filled and made ready when
         that node answers, then `producer.drain_settlements()` (as a store commit does)."""
+
+    def partition_target(self, handler: Any, producer: Any, dlv: Any, msg: Any) -> Any:
+        """A message of a producer attached through `AttachHere`: the Resolution to
+        route it to here, or None when it went to another node's member (answered as a
+        relayed message is, see `relay`)."""
 
     def discharge(self, coordinator: Any, dlv: Any, txn_id: Any, fail: bool) -> bool:
         """A Discharge on this node's coordinator: True when the transaction did its

@@ -41,6 +41,9 @@ class Producer:
         self.link = link
         self.impl = link._impl
         self.target = target           # None: anonymous relay, route by `to`
+        # A partitioned destination's route (cluster/partitioned.py), asked of each
+        # message (ClusterPort.partition_target); None: every message to `target`.
+        self.partition: Any = None
         # The credit window starts small and grows for a producer that uses it up in
         # bursts, up to `credit` (core/credit_window.py: what a burst costs everyone's
         # latency); the flow gate may allow less (core/credit.py).

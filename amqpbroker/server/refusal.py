@@ -4,9 +4,13 @@ connection handler with a null terminus and a detach carrying the error (AMQP 1.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 from proton import Condition, Link
 
-from .terminus import write_null
+from ..security.guard import UNAUTHORIZED
+from .terminus import read_source, read_target, write_null
 
 
 class AttachRefused(Exception):
@@ -14,6 +18,22 @@ class AttachRefused(Exception):
         super().__init__(description)
         self.condition = condition
         self.description = description
+
+
+def check_access(access: Any, user: str, link: Link, container_id: str, member: str | None = None) -> None:
+    """The ACL (security/guard.py) on an attach: AttachRefused when not allowed.
+    `member`: the address a producer's messages go to instead of the one it names (a
+    partitioned destination's member here, server/ports.py `AttachHere`), checked as
+    that member's node checks a forwarded producer."""
+    if not access.enabled:
+        return
+    if link.is_sender:
+        refusal = access.consumer_refusal(user, read_source(link.remote_source), link.name, container_id)
+    else:
+        target = read_target(link.remote_target)
+        refusal = access.producer_refusal(user, target if member is None else replace(target, address=member))
+    if refusal is not None:
+        raise AttachRefused(UNAUTHORIZED, refusal)
 
 
 def refuse_link(link: Link, condition: str, description: str) -> None:

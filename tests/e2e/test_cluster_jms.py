@@ -5,11 +5,14 @@ cluster-wide, partitioned destinations and placement redirects."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 from proton import Delivery, Endpoint, Message
+from proton.utils import LinkDetached
 
+from amqpbroker.cluster.partitioned import member_of
 from amqpbroker.core.placement import static_map
 from tests.client import connect
 from tests.cluster_process import ClusterProcess
@@ -293,6 +296,56 @@ def test_a_producer_without_groups_sticks_to_one_member_and_a_consumer_reads_all
     assert sorted(tuple(b) for b in got) == [(link, i) for link in range(6) for i in range(10)]
     for link in range(6):
         assert [i for lk, i in got if lk == link] == list(range(10)), "each producer's order holds"
+
+
+def forwarding_at(cluster, node: str) -> dict:
+    return json.loads(cluster.get(node, "/api/cluster"))["forwarded"]
+
+
+def test_a_producer_at_a_members_node_is_served_in_process_and_a_group_goes_to_its_member(partitioned):
+    """A producer attached at a node that owns a member: its messages without a group go
+    to that member in this process (no inter-node connection, no forwarded link), in
+    order; a message whose group belongs to the other member goes to that member's node."""
+    view = json.loads(partitioned.get("n1", "/api/cluster"))
+    members = [(m["address"], m["node"]) for p in view["partitioned"] if p["address"] == "porders"
+               for m in p["members"]]
+    here = next(i for i, (_, node) in enumerate(members) if node != "n0")
+    (own, node), (other, other_node) = members[here], members[1 - here]
+    group = next(g for g in (f"g{i}" for i in range(100)) if member_of(g, here, 2) == 1 - here)
+    before = forwarding_at(partitioned, node)
+    conn = connect(partitioned.node_url(node))
+    try:
+        snd = sender(conn, "porders")
+        for i in range(30):
+            snd.send(Message(body=["own", i], durable=True))   # each Accepted (after the commit)
+        during = forwarding_at(partitioned, node)
+        for i in range(5):
+            snd.send(Message(body=["group", i], group_id=group, durable=True))
+        after = forwarding_at(partitioned, node)
+    finally:
+        conn.close()
+    assert during["connections"] == 0 and during["links_total"] == before["links_total"], \
+        f"served in-process, not through an inter-node connection: {before} -> {during}"
+    assert after["connections"] == 1, f"the group's member reached on node {other_node}: {after}"
+    assert member_bodies(partitioned, own) == [["own", i] for i in range(30)]
+    assert member_bodies(partitioned, other) == [["group", i] for i in range(5)]
+
+
+def test_a_producer_served_at_its_members_node_needs_the_members_permission_too(tmp_path):
+    """In-process, the member is checked as its own node checks a forwarded producer:
+    a grant on the one name alone is refused at the attach, naming the member."""
+    config = PARTITIONED + '[anonymous]\npermissions = ["send", "consume"]\npattern = "porders"\n'
+    cl = ClusterProcess(tmp_path / "data", config=config).start()
+    try:
+        conn = connect(cl.node_url("n1"))   # n1 and n2 own the two members
+        try:
+            with pytest.raises(LinkDetached) as refused:
+                conn.create_sender("porders", name=uid("snd"))
+        finally:
+            conn.close()
+    finally:
+        cl.stop()
+    assert "amqp:unauthorized-access" in str(refused.value) and "porders.p" in str(refused.value)
 
 
 def test_one_shared_subscription_on_a_partitioned_topic_across_nodes_gets_each_message_once(partitioned):
