@@ -20,10 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Settings
-from ..core.placement import DEFAULT_SLOTS, static_map
+from ..core.placement import DEFAULT_SLOTS, MisplacedSubscriptions, static_map
 from .options import check_partitioned, cluster_options
 
 log = logging.getLogger("amqpbroker.cluster")
+
+# A node's exit status when it must not be started again as it is (its store holds
+# what another node owns under this map): the supervisor stops every worker.
+EXIT_REFUSED = 3
 
 
 @dataclass
@@ -106,6 +110,9 @@ async def run_worker(settings: Settings, loop: asyncio.AbstractEventLoop, spec: 
                                               reuse_address=True, reuse_port=True)
         own.port = own.server.sockets[0].getsockname()[1]
         server.listeners.append(own)
+    except MisplacedSubscriptions as exc:
+        log.error("cannot start node %s: %s", node, exc)
+        return EXIT_REFUSED
     except (ValueError, OSError, StoreError) as exc:
         log.error("cannot start node %s: %s", node, exc)
         return 2
@@ -178,10 +185,10 @@ async def run_member(settings: Settings, loop: asyncio.AbstractEventLoop, config
         side.attach(server)
         await server.start()
         await side.listen()
-    except (ValueError, OSError, StoreError, lmdb.Error) as exc:
+    except (MisplacedSubscriptions, ValueError, OSError, StoreError, lmdb.Error) as exc:
         log.error("cannot start node %s: %s", cfg.node_id, exc)
         await side.membership.stop()
-        return 2
+        return EXIT_REFUSED if isinstance(exc, MisplacedSubscriptions) else 2
     await _unless_stopped(side.go_live(), stopped)
     from ..server.resources import tune_gc
     tune_gc()

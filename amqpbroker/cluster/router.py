@@ -16,8 +16,10 @@ from typing import Any, Callable, Iterator
 
 from ..core.placement import (
     Forward,
+    HeldSubscription,
     Local,
     LinkShape,
+    MisplacedSubscriptions,
     Partitioned,
     PerMessage,
     Placement,
@@ -26,6 +28,7 @@ from ..core.placement import (
     SlotMap,
     UNAVAILABLE,
     client_home,
+    misplaced_subscriptions,
     partition_members,
     place_link,
     place_message,
@@ -494,6 +497,17 @@ class Router:
                 producer.settle_in_order(dlv, lib.PN_REJECTED, cond)
             return True
         return False
+
+    def recovered(self) -> None:
+        """The store is recovered and nothing is served yet: refuse to start
+        (MisplacedSubscriptions) when it holds durable subscriptions whose topic another
+        node owns under this map (core/placement.py `misplaced_subscriptions`)."""
+        held = [HeldSubscription(s.key.name, f"{s.binding.exchange}/{s.binding.key}" if s.binding.key
+                                 else s.binding.exchange)
+                for s in self.server.subscriptions.subscriptions.values() if s.durable]
+        misplaced = misplaced_subscriptions(held, self.node, self.slots, self.exchanges)
+        if misplaced:
+            raise MisplacedSubscriptions(self.node, misplaced)
 
     def partition_target(self, handler: Any, producer: Any, dlv: Any, msg: Any) -> Any:
         """A message of a producer whose partitioned destination has a member here

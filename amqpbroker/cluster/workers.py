@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from ..config import Settings
-from .node import WorkerSpec
+from .node import EXIT_REFUSED, WorkerSpec
 
 log = logging.getLogger("amqpbroker.cluster")
 
@@ -63,6 +63,17 @@ def reserve_port(host: str, port: int) -> socket.socket:
     return sock
 
 
+def stray_stores(data_dir: Path, count: int) -> list[tuple[Path, int]]:
+    """Stores of nodes `count` workers would not run (`<data-dir>/node-K`, K >= count),
+    as (directory, K), K ascending: a smaller --workers than they were made with."""
+    found = []
+    for path in data_dir.glob("node-*"):
+        index = path.name[5:]
+        if index.isdigit() and int(index) >= count and (path / "store" / "data.mdb").exists():
+            found.append((path, int(index)))
+    return sorted(found, key=lambda item: item[1])
+
+
 class Supervisor:
     def __init__(self, settings: Settings, count: int, weights: str | None, argv: list[str]):
         self.settings = settings
@@ -72,6 +83,7 @@ class Supervisor:
         self.procs: dict[int, subprocess.Popen] = {}
         self.restarts: dict[int, float] = {}
         self.stopping = False
+        self.exit_code = 0
 
     def spec(self, port: int, node_ports: dict[str, int]) -> WorkerSpec:
         token = secrets.token_hex(6)
@@ -88,6 +100,13 @@ class Supervisor:
             log.error("cannot start: port %s:%d: %s", s.host, s.port, exc)
             return 2
         port = holder.getsockname()[1]
+        stray = stray_stores(s.data_dir, len(self.nodes))
+        if stray:
+            log.error("cannot start: %s holds the store of a node that %d worker(s) would not serve, so its "
+                      "messages would be stranded there: start with --workers %d or more (its queues then "
+                      "move to their owners), or delete the directory if nothing in it is needed",
+                      stray[0][0], len(self.nodes), stray[-1][1] + 1)
+            return 2
         # Each worker's own port too (redirects name it): held the same way.
         own = [reserve_port(s.host, 0) for _ in self.nodes]
         spec_path = s.data_dir / "workers.json"
@@ -106,7 +125,7 @@ class Supervisor:
         holder.close()
         for sock in own:
             sock.close()
-        return 0
+        return self.exit_code
 
     def _start(self, index: int) -> None:
         cmd = [sys.executable, "-m", "amqpbroker.cli"] + self.argv + [
@@ -118,6 +137,12 @@ class Supervisor:
             code = proc.poll()
             if code is None or self.stopping:
                 continue
+            if code == EXIT_REFUSED:   # its log line says why; starting it again would not help
+                log.error("supervisor: worker %s refused to start with this map; stopping every worker",
+                          self.nodes[index])
+                del self.procs[index]
+                self.stopping, self.exit_code = True, EXIT_REFUSED
+                return
             delay = min(10.0, self.restarts.get(index, RESTART_DELAY / 2) * 2)
             self.restarts[index] = delay
             log.warning("supervisor: worker %s exited (%s); starting it again in %.1f s",

@@ -359,3 +359,50 @@ def member_node(key: str, slots: SlotMap) -> str | None:
     if not count or not suffix.isdigit() or int(suffix) >= count:
         return None
     return partition_members(base, count, slots)[int(suffix)][1]
+
+
+# ---------------------------------------------------------------------- after a change of the map
+
+
+@dataclass(frozen=True)
+class HeldSubscription:
+    """A durable subscription in a node's store, as `misplaced_subscriptions` reads it."""
+    name: str
+    topic: str          # its binding as an address: `amq.topic/prices`
+    owner: str = ""     # misplaced: the node (or members) that owns the topic now
+
+
+def misplaced_subscriptions(held: Iterable[HeldSubscription], here: str, slots: SlotMap,
+                            exchanges: Mapping[str, str]) -> list[HeldSubscription]:
+    """The durable subscriptions held `here` whose topic another node owns under `slots`
+    (every node counted as up: ownership, not liveness).  Only a change of the map puts
+    one there (another `--workers` count or weights, other pinned or partitioned
+    exchanges): a subscription lives beside its topic, and nothing moves one yet.  Left
+    alone, its topic's messages go to the owner, where it does not exist, and attaching
+    it again there would delete it here (cluster/guard.py, JMS 2.0 §6.11), backlog and
+    all: a node that holds one must not start (cluster/node.py)."""
+    every = slots.with_live(slots.nodes)
+    out = []
+    for sub in held:
+        placed = place_link(LinkShape(consumer=True, address=sub.topic), here, every, exchanges)
+        if isinstance(placed, Forward) and placed.node != here:
+            out.append(HeldSubscription(sub.name, sub.topic, placed.node))
+        elif isinstance(placed, Partitioned):
+            out.append(HeldSubscription(sub.name, sub.topic,
+                                        "members " + ", ".join(f"{a} on {n}" for a, n in placed.members)))
+    return out
+
+
+class MisplacedSubscriptions(Exception):
+    """A node's store holds durable subscriptions that another node owns now."""
+
+    def __init__(self, node: str, found: list[HeldSubscription]):
+        shown = "; ".join(f"'{s.name}' (topic {s.topic}, owned by {s.owner})" for s in found[:5])
+        more = f" and {len(found) - 5} more" if len(found) > 5 else ""
+        super().__init__(
+            f"node {node} holds {len(found)} durable subscription(s) whose topic another node owns under "
+            f"this slot map: {shown}{more}.  The map changed since they were made (--workers or "
+            f"--worker-weights, or [cluster] pinned / partitioned); subscriptions do not move between nodes "
+            f"yet, and attaching one again would delete it here with its messages.  Start with the map they "
+            f"were made under, or receive and unsubscribe them there first")
+        self.found = found

@@ -191,6 +191,8 @@ class BrokerServer:
         snapshot = self.store.open(self.loop)
         self.durability.recover(snapshot, subscription_filter)
         self.durability.install()
+        if self.cluster is not None:
+            self.cluster.recovered()   # a node whose map moved its subscriptions away must not start
         self._declare_configured()
         log.log(*self.broker.declare_dead_letters())   # the DLQ exists before anything dies
         self.alarm_watch.start()        # first readings before any producer attaches

@@ -250,6 +250,10 @@ class ClusterPort(Protocol):
         else the forwarded endpoint.  Raises
         server.refusal.AttachRefused when it can go nowhere (owner away)."""
 
+    def recovered(self) -> None:
+        """The store is recovered, before any listener: raises (core/placement.py
+        MisplacedSubscriptions) when it holds what this node must not serve."""
+
     def protocol_factory(self, listener: Any, make: Any) -> Any:
         """The protocol factory of a plain AMQP listener: `make`, or one that puts a
         hand-off recorder in front of it (cluster/handoff.py)."""

@@ -340,3 +340,34 @@ def test_row_a_subscription_queue_named_directly_is_served_where_the_client_is(s
     for address in ("qpidsub_/app_/sub_/durable", "qpidsub_/0f3e_/nondurable"):
         assert place_link(consumer(address), "n1", slots, EXCHANGES) is LOCAL
         assert place_link(producer(address), "n2", slots, EXCHANGES) is LOCAL
+
+
+# ---------------------------------------------------------------------- after a change of the map
+
+
+def test_misplaced_subscriptions_row_by_row():
+    """A durable subscription is misplaced when its topic's owner is another node (live
+    or not: ownership), or when its topic became partitioned; one on a topic owned here,
+    on a member of this node, or whose topic can go nowhere (unpinned wildcard) is not."""
+    from amqpbroker.core.placement import HeldSubscription, misplaced_subscriptions
+    base = static_map(NODES)
+    slots = SlotMap(base.owners, frozenset({"n0"}), partitioned={"amq.topic/prices": 3})
+    here, away = key_owned_by("n0", slots, "amq.topic/t"), key_owned_by("n1", slots, "amq.topic/t")
+    members = dict(place_link(consumer("amq.topic/prices"), "n0", slots, EXCHANGES).members)
+    own_member = next(m for m, n in members.items() if n == "n0")
+    other_member, other_node = next((m, n) for m, n in members.items() if n != "n0")
+    held = [HeldSubscription("here", here), HeldSubscription("away", away),
+            HeldSubscription("own-member", own_member), HeldSubscription("other-member", other_member),
+            HeldSubscription("logical", "amq.topic/prices"), HeldSubscription("wild", "amq.topic/a.*")]
+    found = {s.name: s.owner for s in misplaced_subscriptions(held, "n0", slots, EXCHANGES)}
+    assert set(found) == {"away", "other-member", "logical"}
+    assert found["away"] == "n1" and found["other-member"] == other_node   # n1, n2 not live: still theirs
+    assert found["logical"].startswith("members amq.topic/prices.p0 on ")
+
+
+def test_misplaced_subscriptions_message_names_them_and_the_way_out():
+    from amqpbroker.core.placement import HeldSubscription, MisplacedSubscriptions
+    found = [HeldSubscription(f"s{i}", f"amq.topic/t{i}", "n1") for i in range(7)]
+    text = str(MisplacedSubscriptions("n0", found))
+    assert "node n0 holds 7 durable subscription(s)" in text and "'s0' (topic amq.topic/t0, owned by n1)" in text
+    assert "'s5'" not in text and "and 2 more" in text and "Start with the map they were made under" in text
