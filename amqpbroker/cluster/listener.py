@@ -17,6 +17,7 @@ import ssl
 from typing import Any
 
 from ..config import ClientIdPolicy
+from ..core.placement import map_id
 from ..server.app import Listener
 from ..server.engine import AmqpProtocol
 from ..server.sasl import SaslPolicy
@@ -76,11 +77,13 @@ class HandshakeProtocol(asyncio.Protocol):
             return
         if hello is None:
             return
-        used, user, epoch, proof = hello
+        used, user, theirs, proof = hello
         self.done = True
-        mine = self.server.cluster.slots.epoch
-        if epoch != mine:
-            log.warning("inter-node connection refused: its slot map epoch %d is not this node's %d", epoch, mine)
+        slots = self.server.cluster.slots
+        if theirs != map_id(slots):
+            log.warning("inter-node connection refused: the other node places addresses under another slot map "
+                        "(id %016x, this node's %016x at epoch %d): its map in ZooKeeper, or its [cluster] "
+                        "pinned_exchanges / partitioned, differ from this node's", theirs, map_id(slots), slots.epoch)
             self.sock.abort()
             return
         if self.timer is not None:

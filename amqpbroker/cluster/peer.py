@@ -65,7 +65,7 @@ class PeerConnection(asyncio.Protocol):
 
     def __init__(self, server: Any, node: str, address: str, secret: bytes, *, container_id: str,
                  user: str | None, desired_capabilities: list[str], on_lost: Callable[["PeerConnection"], None],
-                 epoch: int = 0, tls: Any = None):
+                 map_id: int = 0, tls: Any = None):
         self.server = server
         self.tls = tls                # cluster/tls.py NodeTls: TLS to a node's TCP address
         self.loop = server.loop
@@ -73,7 +73,7 @@ class PeerConnection(asyncio.Protocol):
         self.address = address
         self.secret = secret
         self.user = user
-        self.epoch = epoch            # the slot map's (cluster/wire.py: the owner checks it)
+        self.map_id = map_id          # core/placement.map_id (cluster/wire.py: the owner checks it)
         self.on_lost = on_lost
         self.sock: asyncio.Transport | None = None
         self.closed = False
@@ -150,7 +150,7 @@ class PeerConnection(asyncio.Protocol):
                 if len(hs) < wire.NONCE:
                     return b""
                 hello, self._expected_proof = wire.edge_hello(self.secret, bytes(hs[:wire.NONCE]), self.user,
-                                                              self.epoch)
+                                                              self.map_id)
                 del hs[:wire.NONCE]
                 self.sock.write(hello)
             if wire.check_owner_proof(self._expected_proof, bytes(hs)) is None:

@@ -28,6 +28,7 @@ from ..core.placement import (
     SlotMap,
     UNAVAILABLE,
     client_home,
+    map_id,
     misplaced_subscriptions,
     partition_members,
     place_link,
@@ -103,7 +104,7 @@ class ClientSide:
             peer = PeerConnection(self.router.server, node, self.router.address_of(node), self.router.secret,
                                   container_id=h.container_id, user=h.protocol.user,
                                   desired_capabilities=desired + [SOLE_CONNECTION] * claim, on_lost=self._lost,
-                                  epoch=self.router.slots.epoch, tls=self.router.tls)
+                                  map_id=map_id(self.router.slots), tls=self.router.tls)
             self.peers[node] = peer
             if claim:
                 self.claim = peer

@@ -25,7 +25,7 @@ from cproton import ffi, lib
 from proton import Condition
 
 from ..core.addresses import TEMP_PREFIX
-from ..core.placement import Forward, SlotMap, member_node, owning_key, slot_of
+from ..core.placement import Forward, SlotMap, map_id, member_node, owning_key, slot_of
 from ..core.queues import Outcome
 from .deliveries import Tags, is_null
 from .peer import PeerConnection
@@ -230,7 +230,7 @@ class Shovels:
         if peer is None or peer.closed:
             peer = PeerConnection(self.server, node, self.router.address_of(node), self.router.secret,
                                   container_id=f"amqpbroker-node-{self.node}", user=None,
-                                  desired_capabilities=[], on_lost=self._lost, epoch=self.router.slots.epoch)
+                                  desired_capabilities=[], on_lost=self._lost, map_id=map_id(self.router.slots))
             self.peers[node] = peer
         return peer
 

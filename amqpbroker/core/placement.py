@@ -40,6 +40,8 @@ only to unsubscribe.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import zlib
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Union
@@ -141,6 +143,15 @@ class SlotMap:
 
     def slots_of(self, node: str) -> list[int]:
         return [s for s, n in enumerate(self.owners) if n == node]
+
+
+def map_id(slots: SlotMap) -> int:
+    """What two nodes must share to place every address alike, as 64 bits: the map's
+    epoch and owners, and the pinned exchanges and partitioned destinations (from each
+    node's configuration).  Not which nodes are live.  The inter-node handshake carries
+    it (cluster/wire.py): nodes that would place differently never forward to each other."""
+    text = json.dumps([slots.epoch, list(slots.owners), sorted(slots.pinned), sorted(slots.partitioned.items())])
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
 
 
 def spread(nodes: Iterable[str], weights: Mapping[str, int] | None = None,

@@ -69,10 +69,26 @@ def test_a_user_name_longer_than_the_limit_is_refused_before_reading_it():
         wire.read_edge_hello(SECRET, owner_nonce, head)
 
 
-def test_the_map_epoch_arrives_and_cannot_be_changed_on_the_way():
+def test_the_map_id_arrives_and_cannot_be_changed_on_the_way():
     owner_nonce = wire.new_nonce()
-    hello, _ = wire.edge_hello(SECRET, owner_nonce, "bob", epoch=7)
+    hello, _ = wire.edge_hello(SECRET, owner_nonce, "bob", map_id=7)
     assert wire.read_edge_hello(SECRET, owner_nonce, hello)[2] == 7
     forged = hello[:-wire.PROOF - 1] + bytes([8]) + hello[-wire.PROOF:]
     with pytest.raises(wire.HandshakeFailed):
         wire.read_edge_hello(SECRET, owner_nonce, forged)
+
+
+def test_the_map_id_differs_exactly_when_nodes_would_place_differently():
+    """Epoch, owners, pinned exchanges and partitioned destinations are in it (a node
+    configured with other [cluster] options is refused at the handshake); which nodes
+    are live is not (every node sees them at its own moment)."""
+    from amqpbroker.core.placement import SlotMap, map_id, static_map
+    base = static_map(["n0", "n1"], partitioned={"orders": 2}, pinned=frozenset({"events"}))
+    same = static_map(["n0", "n1"], partitioned={"orders": 2}, pinned=frozenset({"events"}))
+    assert map_id(base) == map_id(same) == map_id(base.with_live({"n0"}))
+    others = [static_map(["n0", "n1"], partitioned={"orders": 3}, pinned=frozenset({"events"})),
+              static_map(["n0", "n1"], partitioned={"orders": 2}),
+              static_map(["n0", "n1"], {"n0": 1, "n1": 2}, partitioned={"orders": 2}, pinned=frozenset({"events"})),
+              SlotMap(base.owners, base.live, 1, base.pinned, base.partitioned)]
+    assert len({map_id(m) for m in others} | {map_id(base)}) == len(others) + 1
+    assert all(0 <= map_id(m) < 1 << 64 for m in others)

@@ -164,3 +164,28 @@ def test_zookeeper_paused_nodes_serve_nothing_new_then_serve_again(zk_cluster):
         cl.zk.resume()
     eventually(lambda: attach_works(b_url, q), what="b serving again once ZooKeeper is back")
     eventually(lambda: attach_works(cl.url, q), what="b reached through a again")
+
+
+class OneNodeOtherwise(ZkCluster):
+    """Node c configured with a partitioned destination the others do not have: it
+    would place `px` (and its members) where they do not."""
+
+    def member_config(self, node: str) -> str:
+        extra = 'partitioned = [{address = "px", members = 2}]\n' if node == "c" else ""
+        return super().member_config(node) + extra
+
+
+def test_nodes_whose_cluster_options_differ_never_forward_to_each_other(tmp_path):
+    """The handshake carries the map's id (core/placement.map_id: epoch, owners, pinned
+    exchanges, partitioned destinations): node c refuses a (the options differ), so a
+    link for c's address is refused unavailable at a, while b, configured as a is,
+    serves its own."""
+    cl = OneNodeOtherwise(tmp_path).start()
+    try:
+        assert attach_works(cl.url, owned_by("b"))
+        assert refused_unavailable(cl.url, owned_by("c"))
+        line = cl.members["c"].wait_for_log("inter-node connection refused: the other node places addresses "
+                                            "under another slot map", timeout=10)
+        assert "partitioned" in line
+    finally:
+        cl.stop()
