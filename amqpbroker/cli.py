@@ -146,6 +146,13 @@ def serve(settings: Settings, *, config_file: Path | None = None, overrides: dic
 
 async def _run(settings: Settings, loop: asyncio.AbstractEventLoop, config_file: Path | None = None,
                overrides: dict | None = None) -> int:
+    from .store.layout import worker_stores
+    nodes = worker_stores(settings.data_dir)
+    if nodes:   # one broker would open none of them: their messages would be hidden (store/layout.py)
+        log.error("cannot start: %s holds the stores of `serve --workers` nodes (node-%s), which one broker does "
+                  "not open: start with --workers %d, or use another --data-dir", settings.data_dir,
+                  ", node-".join(map(str, nodes)), nodes[-1] + 1)
+        return 2
     if settings.cluster is not None and settings.cluster.zookeeper is None:
         log.error("cannot start: [cluster] without zookeeper holds options of `serve --workers N` "
                   "(docs/cluster.md)")

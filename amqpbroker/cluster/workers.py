@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from ..config import Settings
+from ..store.layout import single_store, worker_stores
 from .node import EXIT_REFUSED, WorkerSpec
 
 log = logging.getLogger("amqpbroker.cluster")
@@ -63,17 +64,6 @@ def reserve_port(host: str, port: int) -> socket.socket:
     return sock
 
 
-def stray_stores(data_dir: Path, count: int) -> list[tuple[Path, int]]:
-    """Stores of nodes `count` workers would not run (`<data-dir>/node-K`, K >= count),
-    as (directory, K), K ascending: a smaller --workers than they were made with."""
-    found = []
-    for path in data_dir.glob("node-*"):
-        index = path.name[5:]
-        if index.isdigit() and int(index) >= count and (path / "store" / "data.mdb").exists():
-            found.append((path, int(index)))
-    return sorted(found, key=lambda item: item[1])
-
-
 class Supervisor:
     def __init__(self, settings: Settings, count: int, weights: str | None, argv: list[str]):
         self.settings = settings
@@ -84,6 +74,7 @@ class Supervisor:
         self.restarts: dict[int, float] = {}
         self.stopping = False
         self.exit_code = 0
+        self.node_ports: dict[str, int] = {}
 
     def spec(self, port: int, node_ports: dict[str, int]) -> WorkerSpec:
         token = secrets.token_hex(6)
@@ -100,24 +91,21 @@ class Supervisor:
             log.error("cannot start: port %s:%d: %s", s.host, s.port, exc)
             return 2
         port = holder.getsockname()[1]
-        stray = stray_stores(s.data_dir, len(self.nodes))
-        if stray:
-            log.error("cannot start: %s holds the store of a node that %d worker(s) would not serve, so its "
-                      "messages would be stranded there: start with --workers %d or more (its queues then "
-                      "move to their owners), or delete the directory if nothing in it is needed",
-                      stray[0][0], len(self.nodes), stray[-1][1] + 1)
+        refusal = self._unserved_stores()
+        if refusal is not None:
+            log.error("cannot start: %s", refusal)
             return 2
         # Each worker's own port too (redirects name it): held the same way.
         own = [reserve_port(s.host, 0) for _ in self.nodes]
         spec_path = s.data_dir / "workers.json"
-        self.spec(port, {n: o.getsockname()[1] for n, o in zip(self.nodes, own)}).write(spec_path)
+        self.node_ports = {n: o.getsockname()[1] for n, o in zip(self.nodes, own)}
+        self.spec(port, self.node_ports).write(spec_path)
         self.spec_path = spec_path
         log.info("supervisor: %d workers on port %d (data in %s/node-K)", len(self.nodes), port, s.data_dir)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._stop)
         signal.signal(signal.SIGHUP, self._reload)
-        for i in range(len(self.nodes)):
-            self._start(i)
+        self._start_all()
         while not self.stopping:
             self._reap()
             time.sleep(0.1)
@@ -126,6 +114,52 @@ class Supervisor:
         for sock in own:
             sock.close()
         return self.exit_code
+
+    def _unserved_stores(self) -> str | None:
+        """Why this data dir must not be served by these workers: it holds a store that
+        none of them would open (store/layout.py), whose messages would be hidden."""
+        data_dir, count = self.settings.data_dir, len(self.nodes)
+        single = single_store(data_dir)
+        if single is not None:
+            return (f"{single} holds a single broker's store, which `--workers` does not open: start without "
+                    f"--workers, or move it to {data_dir / 'node-0' / 'store'} for node n0 to take (its queues "
+                    f"then move to their owners; a durable subscription must be on its topic's node)")
+        stray = [k for k in worker_stores(data_dir) if k >= count]
+        if stray:
+            return (f"{data_dir / f'node-{stray[0]}'} holds the store of a node that {count} worker(s) would not "
+                    f"run, so its messages would be stranded there: start with --workers {stray[-1] + 1} or more "
+                    f"(its queues then move to their owners), or delete the directory if nothing in it is needed")
+        return None
+
+    def _start_all(self) -> None:
+        """The nodes that have a store first; those whose store would be new only once
+        those listen (or have exited): a node that refuses this map (EXIT_REFUSED) then
+        leaves no new store behind, which a start with the previous --workers would
+        have to refuse as stranded."""
+        have = set(worker_stores(self.settings.data_dir))
+        first = [i for i in range(len(self.nodes)) if i in have]
+        later = [i for i in range(len(self.nodes)) if i not in have]
+        for i in first:
+            self._start(i)
+        pending = set(first) if later else set()
+        while pending and not self.stopping:
+            self._reap()
+            pending = {i for i in pending if i not in self.restarts and not self._listening(i)}
+            time.sleep(0.05)
+        if not self.stopping:
+            for i in later:
+                self._start(i)
+
+    def _listening(self, index: int) -> bool:
+        """Whether worker `index` listens on its own port (it does once its store is
+        recovered and every start check passed: cluster/node.py run_worker)."""
+        host = self.settings.host
+        host = "127.0.0.1" if host in ("", "0.0.0.0") else "::1" if host == "::" else host
+        try:
+            socket.create_connection((host, self.node_ports[self.nodes[index]]), timeout=0.5).close()
+            return True
+        except OSError:
+            return False
 
     def _start(self, index: int) -> None:
         cmd = [sys.executable, "-m", "amqpbroker.cli"] + self.argv + [

@@ -1,6 +1,7 @@
-"""The refusal of an attach: raised while an attach is handled, answered by the
-connection handler with a null terminus and a detach carrying the error (AMQP 1.0
-§2.6.3; Qpid JMS checks the null source/target, shared/notes/qpid-jms-wire.md)."""
+"""The refusal of an attach (and the ACL check that makes one): raised while an
+attach is handled, answered by the connection handler with a null terminus and a
+detach carrying the error (AMQP 1.0 §2.6.3; Qpid JMS checks the null source/target,
+shared/notes/qpid-jms-wire.md)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ class AttachRefused(Exception):
         self.description = description
 
 
-def check_access(access: Any, user: str, link: Link, container_id: str, member: str | None = None) -> None:
+def check_access(access: Any, user: str | None, link: Link, container_id: str,
+                 member: str | None = None) -> None:
     """The ACL (security/guard.py) on an attach: AttachRefused when not allowed.
     `member`: the address a producer's messages go to instead of the one it names (a
     partitioned destination's member here, server/ports.py `AttachHere`), checked as

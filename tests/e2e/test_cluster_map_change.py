@@ -4,9 +4,10 @@ A queue whose slot moved is shovelled to its new owner (tests/cluster/test_mispl
 but a durable subscription lives beside its topic and nothing moves one yet: left on
 its old node, its topic's messages would go to the new owner, where it does not exist,
 and attaching it again there would delete it on the old node with its backlog
-(cluster/guard.py).  And a store of a node that fewer workers no longer run would
-never be served.  Both are refused at start, with the reason, and nothing is lost: the
-previous worker count finds everything where it was.
+(cluster/guard.py).  A store of a node that fewer workers no longer run would never be
+served, and neither would a single broker's store under `--workers` (nor the workers'
+under a single broker: store/layout.py).  All are refused at start, with the reason,
+and nothing is lost: the previous mode finds everything where it was.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pytest
 from proton import Message
 
 from amqpbroker.core.placement import slot_of, static_map
+from tests.broker_process import BrokerProcess
 from tests.client import connect
 from tests.cluster_process import ClusterProcess
 from tests.e2e.helpers_delivery import drain_bodies, receiver, sender, uid
@@ -32,11 +34,13 @@ def owner(topic_key: str, workers: int) -> str:
     return static_map([f"n{i}" for i in range(workers)]).owners[slot_of(topic_key)]
 
 
-def serve(data_dir, workers: int, timeout: float = 60.0) -> tuple[int, str]:
-    """`serve --workers N` run to its exit: (status, stderr).  A cluster that starts
-    instead (the behaviour this file guards against) is stopped after `timeout`."""
-    cmd = [sys.executable, "-m", "amqpbroker.cli", "serve", "--port", "0", "--data-dir", str(data_dir),
-           "--workers", str(workers)]
+def serve(data_dir, workers: int | None, timeout: float = 60.0) -> tuple[int, str]:
+    """`serve --workers N` (None: `serve` alone) run to its exit: (status, stderr).  A
+    broker that starts instead (the behaviour this file guards against) is stopped
+    after `timeout`."""
+    cmd = [sys.executable, "-m", "amqpbroker.cli", "serve", "--port", "0", "--data-dir", str(data_dir)]
+    if workers is not None:
+        cmd += ["--workers", str(workers)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, AMQPBROKER_MANAGEMENT__PORT="0"), start_new_session=True)
     try:
@@ -44,7 +48,7 @@ def serve(data_dir, workers: int, timeout: float = 60.0) -> tuple[int, str]:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         _, err = proc.communicate()
-        pytest.fail(f"--workers {workers} started on a data dir it must refuse:\n{err[-3000:]}")
+        pytest.fail(f"serve (--workers {workers}) started on a data dir it must refuse:\n{err[-3000:]}")
     return proc.returncode, err
 
 
@@ -101,3 +105,30 @@ def test_fewer_workers_than_the_data_dir_has_stores_refuse_to_start(tmp_path):
     finally:
         cl.stop()
     assert got == ["kept"]
+
+
+def test_a_single_brokers_store_and_the_workers_stores_are_never_hidden_by_the_other_mode(tmp_path):
+    alone, workers = tmp_path / "alone", tmp_path / "workers"
+    broker = BrokerProcess(alone).start()
+    try:
+        conn = connect(broker.url)
+        sender(conn, "kept-alone").send(Message(body="alone", durable=True))
+        conn.close()
+    finally:
+        broker.stop()
+    status, err = serve(alone, 2)
+    assert status == 2 and "single broker's store" in err and "node-0" in err, err[-3000:]
+
+    cl = ClusterProcess(workers, workers=2, weights=None).start()
+    cl.stop()
+    status, err = serve(workers, None)
+    assert status == 2 and "node-0, node-1" in err and "--workers 2" in err, err[-3000:]
+
+    broker = BrokerProcess(alone).start()   # the mode it was made in: all there
+    try:
+        conn = connect(broker.url)
+        got = drain_bodies(conn, receiver(conn, "kept-alone", credit=10), timeout=2.0)
+        conn.close()
+    finally:
+        broker.stop()
+    assert got == ["alone"]
