@@ -52,6 +52,29 @@ def serve(data_dir, workers: int | None, timeout: float = 60.0) -> tuple[int, st
     return proc.returncode, err
 
 
+def put_one(proc, address: str, body) -> None:
+    """Start `proc` (a broker or a cluster), send one durable message, stop it."""
+    proc.start()
+    try:
+        conn = connect(proc.url)
+        sender(conn, address).send(Message(body=body, durable=True))
+        conn.close()
+    finally:
+        proc.stop()
+
+
+def take_all(proc, address: str) -> list:
+    """Start `proc`, receive what `address` holds, stop it."""
+    proc.start()
+    try:
+        conn = connect(proc.url)
+        got = drain_bodies(conn, receiver(conn, address, credit=10), timeout=2.0)
+        conn.close()
+    finally:
+        proc.stop()
+    return got
+
+
 def test_a_durable_subscription_whose_topic_would_move_stops_the_start_and_loses_nothing(tmp_path):
     topic = next(t for t in (f"moved-{i}" for i in range(1000))
                  if owner(f"amq.topic/{t}", 2) != owner(f"amq.topic/{t}", 3))
@@ -86,36 +109,15 @@ def test_a_durable_subscription_whose_topic_would_move_stops_the_start_and_loses
 def test_fewer_workers_than_the_data_dir_has_stores_refuse_to_start(tmp_path):
     queue = next(q for q in (uid("q") for _ in range(1000)) if owner(q, 3) == "n2")
     data = tmp_path / "data"
-    cl = ClusterProcess(data, workers=3, weights=None).start()
-    try:
-        conn = connect(cl.url)
-        sender(conn, queue).send(Message(body="kept", durable=True))
-        conn.close()
-    finally:
-        cl.stop()
-
+    put_one(ClusterProcess(data, workers=3, weights=None), queue, "kept")
     status, err = serve(data, 2)
     assert status == 2 and "node-2" in err and "--workers 3" in err, err[-3000:]
-
-    cl = ClusterProcess(data, workers=3, weights=None).start()
-    try:
-        conn = connect(cl.url)
-        got = drain_bodies(conn, receiver(conn, queue, credit=10), timeout=2.0)
-        conn.close()
-    finally:
-        cl.stop()
-    assert got == ["kept"]
+    assert take_all(ClusterProcess(data, workers=3, weights=None), queue) == ["kept"]
 
 
 def test_a_single_brokers_store_and_the_workers_stores_are_never_hidden_by_the_other_mode(tmp_path):
     alone, workers = tmp_path / "alone", tmp_path / "workers"
-    broker = BrokerProcess(alone).start()
-    try:
-        conn = connect(broker.url)
-        sender(conn, "kept-alone").send(Message(body="alone", durable=True))
-        conn.close()
-    finally:
-        broker.stop()
+    put_one(BrokerProcess(alone), "kept-alone", "alone")
     status, err = serve(alone, 2)
     assert status == 2 and "single broker's store" in err and "node-0" in err, err[-3000:]
 
@@ -124,11 +126,4 @@ def test_a_single_brokers_store_and_the_workers_stores_are_never_hidden_by_the_o
     status, err = serve(workers, None)
     assert status == 2 and "node-0, node-1" in err and "--workers 2" in err, err[-3000:]
 
-    broker = BrokerProcess(alone).start()   # the mode it was made in: all there
-    try:
-        conn = connect(broker.url)
-        got = drain_bodies(conn, receiver(conn, "kept-alone", credit=10), timeout=2.0)
-        conn.close()
-    finally:
-        broker.stop()
-    assert got == ["alone"]
+    assert take_all(BrokerProcess(alone), "kept-alone") == ["alone"]   # the mode it was made in: all there
