@@ -60,12 +60,12 @@ class TxnSession:
         rcv.flow(credit)
         return rcv
 
-    def send(self, snd, body: Any, txn: bytes | None, durable: bool = False) -> Delivery:
+    def send(self, snd, body: Any, txn: bytes | None, durable: bool = False, group_id: str | None = None) -> Delivery:
         dlv = snd.delivery(self._tag())
         if txn is not None:
             dlv.local.data = [txn]
             dlv.update(TXN_STATE)
-        snd.stream(Message(body=body, durable=durable).encode())
+        snd.stream(Message(body=body, durable=durable, group_id=group_id).encode())
         snd.advance()
         self.client.wait(lambda: dlv.remote_state or dlv.settled, what="send outcome")
         return dlv

@@ -298,6 +298,17 @@ def test_a_producer_without_groups_sticks_to_one_member_and_a_consumer_reads_all
         assert [i for lk, i in got if lk == link] == list(range(10)), "each producer's order holds"
 
 
+def porders_members(cluster) -> tuple[tuple[str, str], tuple[str, str], str]:
+    """`porders`'s member on a node that owns one (n1 or n2; n0 owns nothing), the other
+    member, each as (address, node), and a group that belongs to the other member."""
+    view = json.loads(cluster.get("n1", "/api/cluster"))
+    members = [(m["address"], m["node"]) for p in view["partitioned"] if p["address"] == "porders"
+               for m in p["members"]]
+    here = next(i for i, (_, node) in enumerate(members) if node != "n0")
+    group = next(g for g in (f"g{i}" for i in range(100)) if member_of(g, here, 2) == 1 - here)
+    return members[here], members[1 - here], group
+
+
 def forwarding_at(cluster, node: str) -> dict:
     return json.loads(cluster.get(node, "/api/cluster"))["forwarded"]
 
@@ -306,12 +317,7 @@ def test_a_producer_at_a_members_node_is_served_in_process_and_a_group_goes_to_i
     """A producer attached at a node that owns a member: its messages without a group go
     to that member in this process (no inter-node connection, no forwarded link), in
     order; a message whose group belongs to the other member goes to that member's node."""
-    view = json.loads(partitioned.get("n1", "/api/cluster"))
-    members = [(m["address"], m["node"]) for p in view["partitioned"] if p["address"] == "porders"
-               for m in p["members"]]
-    here = next(i for i, (_, node) in enumerate(members) if node != "n0")
-    (own, node), (other, other_node) = members[here], members[1 - here]
-    group = next(g for g in (f"g{i}" for i in range(100)) if member_of(g, here, 2) == 1 - here)
+    (own, node), (other, other_node), group = porders_members(partitioned)
     before = forwarding_at(partitioned, node)
     conn = connect(partitioned.node_url(node))
     try:
@@ -329,6 +335,29 @@ def test_a_producer_at_a_members_node_is_served_in_process_and_a_group_goes_to_i
     assert after["connections"] == 1, f"the group's member reached on node {other_node}: {after}"
     assert member_bodies(partitioned, own) == [["own", i] for i in range(30)]
     assert member_bodies(partitioned, other) == [["group", i] for i in range(5)]
+
+
+def test_transactions_through_a_producer_at_a_members_node_commit_there_and_never_span_nodes(partitioned):
+    """The in-process producer's transactional sends are staged on the node's own member
+    and committed there; one that also sends a group of the other member's node spans
+    two nodes and is rolled back whole (cluster/txn.py, as for the anonymous relay)."""
+    (own, node), (other, _), group = porders_members(partitioned)
+    client, s = txn_client(partitioned.nodes()[node])
+    try:
+        snd = s.sender("porders")
+        txn = s.declare()
+        assert all(s.send(snd, i, txn).remote_state == 0x34 for i in range(3))
+        assert s.discharge(txn).remote_state == Delivery.ACCEPTED
+        spanning = s.declare()
+        assert s.send(snd, "local", spanning).remote_state == 0x34
+        s.send(snd, "remote", spanning, group_id=group)   # refused now or at the commit
+        outcome = s.discharge(spanning)
+        assert outcome.remote_state == Delivery.REJECTED
+        assert outcome.remote.condition.name == "amqp:transaction:rollback"
+    finally:
+        client.close()
+    assert member_bodies(partitioned, own) == [0, 1, 2], "committed on the own member; the spanning one left nothing"
+    assert member_bodies(partitioned, other) == []
 
 
 def test_a_producer_served_at_its_members_node_needs_the_members_permission_too(tmp_path):
