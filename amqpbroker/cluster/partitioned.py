@@ -65,16 +65,20 @@ class MemberRoute:
 
     members: tuple[tuple[str, str], ...]   # (member address, node) each
     sticky: int
-    address: str                           # members[sticky]'s address
+
+    @property
+    def address(self) -> str:
+        return self.members[self.sticky][0]
 
 
 def own_member(members: tuple[tuple[str, str], ...], node: str) -> MemberRoute | None:
     """The route of a producer attached at `node`: its messages without a group go to
-    the node's own member (the first, if it has several), so they are routed in this
-    process, never through an inter-node connection; None: `node` has no member."""
-    for i, (address, owner) in enumerate(members):
+    the node's own member (a node has one at most: core/placement.py partition_members,
+    cluster/options.py check_partitioned), so they are routed in this process, never
+    through an inter-node connection; None: `node` has no member."""
+    for i, (_, owner) in enumerate(members):
         if owner == node:
-            return MemberRoute(members, i, address)
+            return MemberRoute(members, i)
     return None
 
 

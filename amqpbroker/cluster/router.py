@@ -520,7 +520,7 @@ class Router:
             side = self.side(handler)
             side.member(lib.pn_link_session(producer.impl), node, address).send(producer, dlv, msg.raw, address)
             return None
-        return producer.target if address == route.address else handler.broker.resolve(address)
+        return producer.target   # this node's member is the producer's own (one member a node)
 
     def discharge(self, coordinator: Any, dlv: Any, txn_id: Any, fail: bool) -> bool:
         return self.txns.discharge(coordinator, dlv, txn_id, fail)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-DATA_FILE = "data.mdb"
+from .integrity import DATA_FILE
 
 
 def single_store(data_dir: Path) -> Path | None:
