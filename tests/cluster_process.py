@@ -59,7 +59,7 @@ class ClusterProcess:
             cmd += ["--config", str(self.config_path)]
         return cmd
 
-    def start(self, timeout: float = 40.0) -> "ClusterProcess":
+    def start(self, timeout: float = 40.0, wait: bool = True) -> "ClusterProcess":
         self.data_dir.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, **self.extra_env)
         env.setdefault("AMQPBROKER_MANAGEMENT__PORT", "0")
@@ -67,6 +67,8 @@ class ClusterProcess:
         self.proc = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      text=True, env=env, start_new_session=True)
         threading.Thread(target=follow_log, args=(self, self.proc), daemon=True).start()
+        if not wait:
+            return self
         try:
             self.wait_nodes(timeout)
         except BaseException:

@@ -40,6 +40,7 @@ class WorkerSpec:
     port: int                   # the shared AMQP port
     slots: int = DEFAULT_SLOTS
     node_ports: dict[str, int] = dataclasses.field(default_factory=dict)   # each node's own AMQP port
+    gate: str = ""              # the start gate's directory (cluster/gate.py); "" none
 
     @classmethod
     def read(cls, path: Path) -> "WorkerSpec":
@@ -71,7 +72,9 @@ async def run_worker(settings: Settings, loop: asyncio.AbstractEventLoop, spec: 
 
     from ..server.app import BrokerServer, install_signal_handlers
     from ..store.base import StoreError
+    from .gate import StartGate
     from .listener import start_listener
+    from .moves import MoveRefused, SubscriptionMoves
     from .router import Router
     from .shovel import Shovels
 
@@ -93,15 +96,33 @@ async def run_worker(settings: Settings, loop: asyncio.AbstractEventLoop, spec: 
         if settings.cluster is None or settings.cluster.handoff:
             router.handoff_path = lambda n: _unix_path(spec.sockets[n]) + ".handoff"
         server.cluster = router
-        await server.start()
+        router.moves_allowed = bool(spec.gate)
+        gate = StartGate(spec.gate) if spec.gate else None
+        server.prepare()
+        if gate is not None:
+            gate.mark(node, "recovered")
         inter, where = await start_listener(server, secret, unix_path=_unix_path(spec.sockets[node]))
+        shovels = Shovels(server, server.cluster)
+        shovels.start()
+        if router.to_move:
+            if gate is None or gate.is_open():   # clients are served already: a move could miss messages
+                raise MisplacedSubscriptions(node, router.to_move)
+            await _unless_stopped(SubscriptionMoves(server, shovels, router.to_move).start(), stopped)
+        if gate is not None:
+            gate.mark(node, "ready")
+            await gate.wait_open(stopped)
+        if stopped.is_set():
+            log.info("node %s stopped before it served", node)
+            inter.close()
+            shovels.close()
+            await server.stop()
+            return 0
+        await server.listen()
         if router.handoff_path is not None:
             from .handoff import HandoffListener
             router.handoff_listener = HandoffListener(
                 server, router.handoff_path(node), secret,
                 lambda name: next((lst for lst in server.listeners if lst.name == name), None))
-        shovels = Shovels(server, server.cluster)
-        shovels.start()
         # A port of this node alone (the shared one lands anywhere): for clients and
         # tests that must reach this node, and for placement redirects.
         main = server.listeners[0]
@@ -110,7 +131,7 @@ async def run_worker(settings: Settings, loop: asyncio.AbstractEventLoop, spec: 
                                               reuse_address=True, reuse_port=True)
         own.port = own.server.sockets[0].getsockname()[1]
         server.listeners.append(own)
-    except MisplacedSubscriptions as exc:
+    except (MisplacedSubscriptions, MoveRefused) as exc:
         log.error("cannot start node %s: %s", node, exc)
         return EXIT_REFUSED
     except (ValueError, OSError, StoreError) as exc:

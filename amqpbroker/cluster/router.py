@@ -50,6 +50,7 @@ from .guard import LOCKED, LocalAttach, LookupAnswer, SubscriptionGuard, held_su
 from .info import CLUSTER_INFO_ADDRESS, ClusterInfoLink
 from .keyless import KeylessProducer
 from .lookup import LookupConsumer
+from .moves import adopt, moved_subscription
 from .partitioned import FanInConsumer, MemberRoute, PartitionedProducer, member_of, own_member
 from .relay import RelayLink
 from .txn import TxnRoutes
@@ -204,6 +205,8 @@ class Router:
         self.handed_off_total = 0
         self.handoff_listener: Any = None
         self.client_address: Callable[[str], tuple[str, Any]] = lambda node: ("", 0)
+        self.moves_allowed = False   # serve --workers: misplaced subscriptions move (cluster/moves.py)
+        self.to_move: list[HeldSubscription] = []
 
     def describe(self) -> dict:
         """GET /api/cluster (and the cluster's /metrics): this node's view of the cluster."""
@@ -259,7 +262,13 @@ class Router:
         if self.from_node(handler):
             # Placed by the node that sent it: served here; or another node's lookup
             # of a subscription name (cluster/guard.py), answered here.
-            return LookupAnswer(handler, link) if link.is_sender and is_lookup(link) else None
+            if link.is_sender:
+                return LookupAnswer(handler, link) if is_lookup(link) else None
+            moved = moved_subscription(link)
+            if moved is not None:   # a subscription moved here with its topic (cluster/moves.py)
+                self._check_owned(moved)
+                adopt(self.server, link, moved)
+            return None
         shape = self._shape(link)
         if not shape.consumer and shape.address == CLUSTER_INFO_ADDRESS:
             return ClusterInfoLink(handler, link, self)   # cluster/info.py: answered here
@@ -500,15 +509,29 @@ class Router:
         return False
 
     def recovered(self) -> None:
-        """The store is recovered and nothing is served yet: refuse to start
-        (MisplacedSubscriptions) when it holds durable subscriptions whose topic another
-        node owns under this map (core/placement.py `misplaced_subscriptions`)."""
+        """The store is recovered and nothing is served yet: the durable subscriptions
+        whose topic another node owns under this map (core/placement.py
+        `misplaced_subscriptions`) are kept in `to_move` when this node may move them
+        (`moves_allowed`: a `--workers` start, behind its gate; cluster/moves.py);
+        else, and for one whose topic became partitioned, the start is refused
+        (MisplacedSubscriptions)."""
         held = [HeldSubscription(s.key.name, f"{s.binding.exchange}/{s.binding.key}" if s.binding.key
-                                 else s.binding.exchange)
+                                 else s.binding.exchange, queue=s.queue_name)
                 for s in self.server.subscriptions.subscriptions.values() if s.durable]
         misplaced = misplaced_subscriptions(held, self.node, self.slots, self.exchanges)
-        if misplaced:
-            raise MisplacedSubscriptions(self.node, misplaced)
+        stuck = [m for m in misplaced if not (self.moves_allowed and m.node)]
+        if stuck:
+            raise MisplacedSubscriptions(self.node, stuck)
+        self.to_move = misplaced
+
+    def _check_owned(self, moved: Any) -> None:
+        """A moved subscription comes only to its topic's owner under this map."""
+        b = moved.binding
+        topic = f"{b.exchange}/{b.key}" if b.key else b.exchange
+        held = HeldSubscription(moved.key.name, topic, queue=moved.queue_name)
+        if misplaced_subscriptions([held], self.node, self.slots, self.exchanges):
+            raise AttachRefused("amqp:invalid-field", f"node {self.node} does not own topic {topic} under "
+                                                      f"its map: subscription '{moved.key.name}' not taken")
 
     def partition_target(self, handler: Any, producer: Any, dlv: Any, msg: Any) -> Any:
         """A message of a producer whose partitioned destination has a member here

@@ -81,10 +81,16 @@ class ShovelLink:
         m = ssn.sender(f"amqpbroker:shovel:{self.shovels.node}:{self.queue.name}")
         m.target.address = self.queue.name
         m.source.address = self.queue.name
+        props = self.link_properties()
+        if props:
+            m.properties = props
         m.open()
         self.mirror, self.mimpl, self.mirror_session = m, m._impl, ssn
         self.peer.links[m._impl] = self
         self.peer.mark_dirty()
+
+    def link_properties(self) -> dict:
+        return {}   # cluster/moves.py: a subscription's record
 
     # --- ConsumerPort
 

@@ -22,9 +22,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from ..config import Settings
 from ..store.layout import single_store, worker_stores
+from .gate import StartGate
 from .node import EXIT_REFUSED, WorkerSpec
 
 log = logging.getLogger("amqpbroker.cluster")
@@ -80,7 +82,8 @@ class Supervisor:
         token = secrets.token_hex(6)
         return WorkerSpec(nodes=self.nodes, weights=self.weights,
                           sockets={n: f"unix:@amqpbroker-{os.getpid()}-{token}-{n}" for n in self.nodes},
-                          secret=secrets.token_hex(32), port=port, node_ports=node_ports)
+                          secret=secrets.token_hex(32), port=port, node_ports=node_ports,
+                          gate=str(self.gate.path))
 
     def run(self) -> int:
         s = self.settings
@@ -99,6 +102,7 @@ class Supervisor:
         own = [reserve_port(s.host, 0) for _ in self.nodes]
         spec_path = s.data_dir / "workers.json"
         self.node_ports = {n: o.getsockname()[1] for n, o in zip(self.nodes, own)}
+        self.gate = StartGate(s.data_dir / "start-gate").reset()
         self.spec(port, self.node_ports).write(spec_path)
         self.spec_path = spec_path
         log.info("supervisor: %d workers on port %d (data in %s/node-K)", len(self.nodes), port, s.data_dir)
@@ -132,34 +136,36 @@ class Supervisor:
         return None
 
     def _start_all(self) -> None:
-        """The nodes that have a store first; those whose store would be new only once
-        those listen (or have exited): a node that refuses this map (EXIT_REFUSED) then
-        leaves no new store behind, which a start with the previous --workers would
-        have to refuse as stranded."""
+        """Every node behind the start gate (cluster/gate.py), which opens once each
+        has recovered its store and moved the subscriptions the map took from it to
+        their topics' nodes (cluster/moves.py): until then no node serves a client,
+        so a moved subscription misses no message.  The nodes that have a store start
+        first; those whose store would be new only once those have recovered (or
+        exited): a node that refuses this map (EXIT_REFUSED) then leaves no new store
+        behind, which a start with the previous --workers would have to refuse as
+        stranded.  A node that exits meanwhile is not waited for (it is started again;
+        it finds the gate open and refuses to move anything then)."""
         have = set(worker_stores(self.settings.data_dir))
         first = [i for i in range(len(self.nodes)) if i in have]
         later = [i for i in range(len(self.nodes)) if i not in have]
         for i in first:
             self._start(i)
-        pending = set(first) if later else set()
-        while pending and not self.stopping:
-            self._reap()
-            pending = {i for i in pending if i not in self.restarts and not self._listening(i)}
-            time.sleep(0.05)
+        self._wait_for(first if later else [], "recovered")
         if not self.stopping:
             for i in later:
                 self._start(i)
+        self._wait_for(range(len(self.nodes)), "ready")
+        if not self.stopping:
+            self.gate.open()
+            log.info("supervisor: every worker is ready; serving clients")
 
-    def _listening(self, index: int) -> bool:
-        """Whether worker `index` listens on its own port (it does once its store is
-        recovered and every start check passed: cluster/node.py run_worker)."""
-        host = self.settings.host
-        host = "127.0.0.1" if host in ("", "0.0.0.0") else "::1" if host == "::" else host
-        try:
-            socket.create_connection((host, self.node_ports[self.nodes[index]]), timeout=0.5).close()
-            return True
-        except OSError:
-            return False
+    def _wait_for(self, indexes: Any, state: str) -> None:
+        pending = set(indexes)
+        while pending and not self.stopping:
+            self._reap()
+            pending = {i for i in pending if i not in self.restarts and not self.gate.has(self.nodes[i], state)}
+            if pending:
+                time.sleep(0.05)
 
     def _start(self, index: int) -> None:
         cmd = [sys.executable, "-m", "amqpbroker.cli"] + self.argv + [

@@ -381,6 +381,8 @@ class HeldSubscription:
     name: str
     topic: str          # its binding as an address: `amq.topic/prices`
     owner: str = ""     # misplaced: the node (or members) that owns the topic now
+    queue: str = ""     # its queue's name (unique on a node; the name is per client-id)
+    node: str = ""      # misplaced: the one node it can move to ("" for a partitioned topic)
 
 
 def misplaced_subscriptions(held: Iterable[HeldSubscription], here: str, slots: SlotMap,
@@ -388,19 +390,21 @@ def misplaced_subscriptions(held: Iterable[HeldSubscription], here: str, slots: 
     """The durable subscriptions held `here` whose topic another node owns under `slots`
     (every node counted as up: ownership, not liveness).  Only a change of the map puts
     one there (another `--workers` count or weights, other pinned or partitioned
-    exchanges): a subscription lives beside its topic, and nothing moves one yet.  Left
-    alone, its topic's messages go to the owner, where it does not exist, and attaching
-    it again there would delete it here (cluster/guard.py, JMS 2.0 §6.11), backlog and
-    all: a node that holds one must not start (cluster/node.py)."""
+    exchanges): a subscription lives beside its topic.  Left alone, its topic's messages
+    go to the owner, where it does not exist, and attaching it again there would delete
+    it here (cluster/guard.py, JMS 2.0 §6.11), backlog and all.  One whose topic has one
+    owner (`node`) is moved there before any node serves a client (cluster/moves.py,
+    `--workers` only); otherwise the node must not start (cluster/node.py)."""
     every = slots.with_live(slots.nodes)
     out = []
     for sub in held:
         placed = place_link(LinkShape(consumer=True, address=sub.topic), here, every, exchanges)
         if isinstance(placed, Forward) and placed.node != here:
-            out.append(HeldSubscription(sub.name, sub.topic, placed.node))
+            out.append(HeldSubscription(sub.name, sub.topic, placed.node, sub.queue, placed.node))
         elif isinstance(placed, Partitioned):
             out.append(HeldSubscription(sub.name, sub.topic,
-                                        "members " + ", ".join(f"{a} on {n}" for a, n in placed.members)))
+                                        "members " + ", ".join(f"{a} on {n}" for a, n in placed.members),
+                                        sub.queue))
     return out
 
 
@@ -413,7 +417,8 @@ class MisplacedSubscriptions(Exception):
         super().__init__(
             f"node {node} holds {len(found)} durable subscription(s) whose topic another node owns under "
             f"this slot map: {shown}{more}.  The map changed since they were made (--workers or "
-            f"--worker-weights, or [cluster] pinned / partitioned); subscriptions do not move between nodes "
-            f"yet, and attaching one again would delete it here with its messages.  Start with the map they "
-            f"were made under, or receive and unsubscribe them there first")
+            f"--worker-weights, or [cluster] pinned / partitioned); a subscription moves with its topic only "
+            f"while `serve --workers` starts, and only to a topic with one owner (not a partitioned one), and "
+            f"attaching one again would delete it here with its messages.  Start with the map they were made "
+            f"under, or receive and unsubscribe them there first")
         self.found = found

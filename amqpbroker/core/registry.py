@@ -13,6 +13,7 @@ from .message import Message, selector_accepts
 from .selectors import compile_selector
 from .queues import Queue
 from .subscriptions import (
+    Adoption,
     AttachDecision,
     BindingSpec,
     Decision,
@@ -20,6 +21,7 @@ from .subscriptions import (
     Subscription,
     SubscriptionKey,
     SubscriptionView,
+    decide_adoption,
     decide_attach,
     decide_detach,
     keeps_registry_link,
@@ -94,6 +96,24 @@ class SubscriptionRegistry:
                 self._saved(sub)
         queue = self.broker.queues[sub.queue_name]
         return sub, queue
+
+    def adopt(self, moved: Subscription) -> tuple[Adoption, Subscription | None]:
+        """A durable subscription moved here from another node (cluster/moves.py):
+        made as it was there (queue name, binding, source terms, client-id, the
+        registry links a later null-source lookup uses) when absent (`decide_adoption`)."""
+        existing = self.subscriptions.get(moved.key)
+        view = self.view().get(moved.key) if existing is not None else None
+        verdict = decide_adoption(view, moved.binding)
+        if verdict is not Adoption.ADOPT:
+            return verdict, existing if verdict is Adoption.KEEP else None
+        d = AttachDecision(Decision.CREATE, moved.key, moved.queue_name, moved.exclusivity, moved.lifetime,
+                           moved.binding, moved.source, shared=moved.shared)
+        sub = self._create(d, moved.owner_container, None, moved.created_at)
+        for name in moved.links:
+            self.links[(moved.key.namespace, name)] = moved.key
+            sub.links.add(name)
+        self._saved(sub)
+        return verdict, sub
 
     def _create(self, d: AttachDecision, container_id: str, owner: Any, now: float) -> Subscription:
         b = d.binding

@@ -218,6 +218,23 @@ def decide_detach(closed: bool, durable: bool, lifetime: LifetimePolicy, other_c
     return DetachAction.KEEP
 
 
+class Adoption(str, enum.Enum):
+    """What a node does with a durable subscription another node hands it because
+    the slot map moved the subscription's topic here (cluster/moves.py)."""
+    ADOPT = "adopt"      # not here yet: made here as it was there (name, binding, links)
+    KEEP = "keep"        # here already under the same binding: an earlier, interrupted move
+    REFUSE = "refuse"    # a different subscription of that name is here: never merged
+
+
+def decide_adoption(existing: SubscriptionView | None, binding: BindingSpec) -> Adoption:
+    """A moved subscription's records against what this node holds under its key.
+    Its messages are appended either way (at least once: a crash between the
+    owner's accept and the old node's removal sends one again)."""
+    if existing is None:
+        return Adoption.ADOPT
+    return Adoption.KEEP if existing.binding == binding else Adoption.REFUSE
+
+
 def keeps_registry_link(link_name: str) -> bool:
     """Only the names a later null-source lookup uses stay registered: `sub` and
     `sub|global`.  Qpid JMS attaches `sub|2`, `sub|global2`, `sub|volatile1` … and never

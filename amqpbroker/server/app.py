@@ -187,15 +187,24 @@ class BrokerServer:
                           handshake_timeout=self.settings.limits.sasl_timeout)
 
     async def start(self) -> None:
-        s = self.settings
+        self.prepare()
+        await self.listen()
+
+    def prepare(self) -> None:
+        """The store recovered and everything declared; nothing listens yet (a
+        `--workers` node moves misplaced subscriptions in between: cluster/node.py)."""
         snapshot = self.store.open(self.loop)
         self.durability.recover(snapshot, subscription_filter)
         self.durability.install()
         if self.cluster is not None:
-            self.cluster.recovered()   # a node whose map moved its subscriptions away must not start
+            self.cluster.recovered()   # subscriptions the map moved away: moved, or the start refused
         self._declare_configured()
         log.log(*self.broker.declare_dead_letters())   # the DLQ exists before anything dies
         self.alarm_watch.start()        # first readings before any producer attaches
+
+    async def listen(self) -> None:
+        """The management server, then the client listeners."""
+        s = self.settings
         await self.operations.start()   # before the AMQP listeners: its port is logged first
         self.listeners.append(Listener("amqp", s.host, s.port, self._sasl_policy(s.host, s.allow_anonymous),
                                        s.client_id_policy))

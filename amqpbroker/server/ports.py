@@ -252,7 +252,8 @@ class ClusterPort(Protocol):
 
     def recovered(self) -> None:
         """The store is recovered, before any listener: raises (core/placement.py
-        MisplacedSubscriptions) when it holds what this node must not serve."""
+        MisplacedSubscriptions) when it holds what this node must not serve and
+        cannot move (cluster/moves.py)."""
 
     def protocol_factory(self, listener: Any, make: Any) -> Any:
         """The protocol factory of a plain AMQP listener: `make`, or one that puts a

@@ -83,3 +83,47 @@ def test_recreate_drops_backlog_and_rebinds():
     new_sub, new_queue = reg.apply(d, link_name="s", container_id="cid", owner=None, now=1.0)
     assert new_sub is not sub and new_queue.depth == 0
     assert [b.key for b in broker.bindings_of(new_queue)] == ["sports"]
+
+
+# --- a subscription moved here from another node (cluster/moves.py)
+
+def durable_source():
+    return SourceTerms(address="amq.topic/news", durable=Durability.UNSETTLED_STATE,
+                       expiry_policy=ExpiryPolicy.NEVER, capabilities=frozenset({"topic", "shared"}))
+
+
+def test_decide_adoption_row_by_row():
+    from amqpbroker.core.queues import ExclusivityPolicy
+    from amqpbroker.core.subscriptions import Adoption, SubscriptionView, decide_adoption
+    other = BindingSpec("amq.topic", "other")
+    selected = BindingSpec("amq.topic", "news", "x = 1")
+    view = SubscriptionView(ExclusivityPolicy.SHARED_SUBSCRIPTION, TOPIC, 0, durable_source())
+    assert decide_adoption(None, TOPIC) is Adoption.ADOPT
+    assert decide_adoption(view, TOPIC) is Adoption.KEEP            # an interrupted move resumed
+    assert decide_adoption(view, other) is Adoption.REFUSE          # another topic: never merged
+    assert decide_adoption(view, selected) is Adoption.REFUSE       # another selector, too
+
+
+def test_adopt_makes_the_subscription_as_it_was_and_a_lookup_finds_it():
+    from amqpbroker.core.subscriptions import Adoption
+    _, old = new_registry()
+    sub, queue, consumer = attach(old, "s", "cid", durable_source())
+    queue.remove_consumer(consumer, [], failed=False)
+    old.detach(sub, "s", closed=False)
+
+    broker, reg = new_registry()
+    saved = []
+    reg.on_saved = saved.append
+    verdict, made = reg.adopt(sub)
+    assert verdict is Adoption.ADOPT and made is not sub
+    assert (made.key, made.queue_name, made.binding, made.links) == (sub.key, sub.queue_name, sub.binding, {"s"})
+    assert made.queue_name in broker.queues and broker.queues[made.queue_name].durable
+    assert saved and saved[-1] is made
+    # Bound to its topic here: a message published there reaches it.
+    broker.publish(make_message(b"x"), broker.resolve("amq.topic/news", topic=True))
+    assert broker.queues[made.queue_name].depth == 1
+    # The client's null-source lookup (Qpid JMS, before unsubscribe) finds it.
+    assert reg.decide("s", "cid", None, None).decision is Decision.ATTACH_EXISTING
+
+    again, kept = reg.adopt(sub)
+    assert again is Adoption.KEEP and kept is made and broker.queues[made.queue_name].depth == 1
