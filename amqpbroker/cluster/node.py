@@ -28,6 +28,9 @@ log = logging.getLogger("amqpbroker.cluster")
 # A node's exit status when it must not be started again as it is (its store holds
 # what another node owns under this map): the supervisor stops every worker.
 EXIT_REFUSED = 3
+# A draining node's exit status once its store holds no message (cluster/workers.py).
+EXIT_DRAINED = 4
+DRAIN_LOOK = 0.5   # seconds between a draining node's looks at its queues
 
 
 @dataclass
@@ -41,6 +44,7 @@ class WorkerSpec:
     slots: int = DEFAULT_SLOTS
     node_ports: dict[str, int] = dataclasses.field(default_factory=dict)   # each node's own AMQP port
     gate: str = ""              # the start gate's directory (cluster/gate.py); "" none
+    draining: list[str] = dataclasses.field(default_factory=list)   # weight-0 nodes being emptied
 
     @classmethod
     def read(cls, path: Path) -> "WorkerSpec":
@@ -110,6 +114,12 @@ async def run_worker(settings: Settings, loop: asyncio.AbstractEventLoop, spec: 
             await _unless_stopped(SubscriptionMoves(server, shovels, router.to_move).start(), stopped)
         if gate is not None:
             gate.mark(node, "ready")
+            if node in spec.draining:   # never serves a client: its queues go to their owners, then it ends
+                empty = await _drained(server, stopped)
+                inter.close()
+                shovels.close()
+                await server.stop()
+                return EXIT_DRAINED if empty else 0
             await gate.wait_open(stopped)
         if stopped.is_set():
             log.info("node %s stopped before it served", node)
@@ -154,6 +164,18 @@ async def run_worker(settings: Settings, loop: asyncio.AbstractEventLoop, spec: 
     shovels.close()
     await server.stop()
     return 0
+
+
+async def _drained(server: Any, stopped: asyncio.Event) -> bool:
+    """Until no queue of this (draining) node holds a message (its shovels take each to
+    its owner: cluster/shovel.py); False if a stop came first."""
+    queues = server.broker.queues
+    while any(q.depth for q in list(queues.values())):
+        if stopped.is_set():
+            return False
+        await asyncio.sleep(DRAIN_LOOK)
+    log.info("node %s holds no message any more: stopping", server.cluster.node)
+    return True
 
 
 def _unix_path(address: str) -> str:

@@ -27,11 +27,12 @@ from typing import Any
 from ..config import Settings
 from ..store.layout import single_store, worker_stores
 from .gate import StartGate
-from .node import EXIT_REFUSED, WorkerSpec
+from .node import EXIT_DRAINED, EXIT_REFUSED, WorkerSpec
 
 log = logging.getLogger("amqpbroker.cluster")
 
 RESTART_DELAY = 0.5   # seconds before a dead worker is started again (doubling, up to 10 s)
+MAX_RESTART_DELAY = 10.0
 
 
 def worker_count(value: str) -> int:
@@ -70,7 +71,9 @@ class Supervisor:
     def __init__(self, settings: Settings, count: int, weights: str | None, argv: list[str]):
         self.settings = settings
         self.nodes = [f"n{i}" for i in range(count)]
+        self.serving = count              # the nodes that serve clients: n0 … n{count-1}
         self.weights = parse_weights(weights, self.nodes)
+        self.draining: set[int] = set()   # node-K stores beyond N: emptied, then set aside
         self.argv = argv            # the serve command line, minus --workers
         self.procs: dict[int, subprocess.Popen] = {}
         self.restarts: dict[int, float] = {}
@@ -80,7 +83,7 @@ class Supervisor:
 
     def spec(self, port: int, node_ports: dict[str, int]) -> WorkerSpec:
         token = secrets.token_hex(6)
-        return WorkerSpec(nodes=self.nodes, weights=self.weights,
+        return WorkerSpec(nodes=self.nodes, weights=self.weights, draining=[self.nodes[k] for k in self.draining],
                           sockets={n: f"unix:@amqpbroker-{os.getpid()}-{token}-{n}" for n in self.nodes},
                           secret=secrets.token_hex(32), port=port, node_ports=node_ports,
                           gate=str(self.gate.path))
@@ -98,6 +101,7 @@ class Supervisor:
         if refusal is not None:
             log.error("cannot start: %s", refusal)
             return 2
+        self._add_draining()
         # Each worker's own port too (redirects name it): held the same way.
         own = [reserve_port(s.host, 0) for _ in self.nodes]
         spec_path = s.data_dir / "workers.json"
@@ -105,7 +109,7 @@ class Supervisor:
         self.gate = StartGate(s.data_dir / "start-gate").reset()
         self.spec(port, self.node_ports).write(spec_path)
         self.spec_path = spec_path
-        log.info("supervisor: %d workers on port %d (data in %s/node-K)", len(self.nodes), port, s.data_dir)
+        log.info("supervisor: %d workers on port %d (data in %s/node-K)", self.serving, port, s.data_dir)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._stop)
         signal.signal(signal.SIGHUP, self._reload)
@@ -120,20 +124,40 @@ class Supervisor:
         return self.exit_code
 
     def _unserved_stores(self) -> str | None:
-        """Why this data dir must not be served by these workers: it holds a store that
-        none of them would open (store/layout.py), whose messages would be hidden."""
-        data_dir, count = self.settings.data_dir, len(self.nodes)
+        """Why this data dir must not be served by these workers: it holds a single
+        broker's store (store/layout.py), which they would not open, so its messages
+        would be hidden."""
+        data_dir = self.settings.data_dir
         single = single_store(data_dir)
         if single is not None:
             return (f"{single} holds a single broker's store, which `--workers` does not open: start without "
                     f"--workers, or move it to {data_dir / 'node-0' / 'store'} for node n0 to take (its queues "
-                    f"then move to their owners; a durable subscription must be on its topic's node)")
-        stray = [k for k in worker_stores(data_dir) if k >= count]
-        if stray:
-            return (f"{data_dir / f'node-{stray[0]}'} holds the store of a node that {count} worker(s) would not "
-                    f"run, so its messages would be stranded there: start with --workers {stray[-1] + 1} or more "
-                    f"(its queues then move to their owners), or delete the directory if nothing in it is needed")
+                    f"then move to their owners, and its durable subscriptions to their topics' nodes)")
         return None
+
+    def _add_draining(self) -> None:
+        """`node-K` stores with K >= N (a start with fewer workers than before): each
+        is run as a node of weight 0 (it owns nothing, so the map is the N nodes') that
+        never serves a client: its subscriptions move before the gate opens, its queues
+        after, and once it holds no message it stops (EXIT_DRAINED) and its directory
+        is set aside (`node-K.drained-<time>`)."""
+        stray = [k for k in worker_stores(self.settings.data_dir) if k >= len(self.nodes)]
+        if not stray:
+            return
+        extra = [f"n{k}" for k in range(len(self.nodes), stray[-1] + 1)]
+        self.nodes = self.nodes + extra
+        self.weights = dict(self.weights, **{n: 0 for n in extra})
+        self.draining = set(stray)
+        log.info("supervisor: emptying the store(s) of %s into the %d worker(s) (their messages and durable "
+                 "subscriptions move to their owners)", ", ".join(f"node-{k}" for k in stray),
+                 self.serving)
+
+    def _drained(self, index: int) -> None:
+        path = self.settings.data_dir / f"node-{index}"
+        aside = path.with_name(f"{path.name}.drained-{time.strftime('%Y%m%d-%H%M%S')}")
+        path.rename(aside)
+        log.info("supervisor: node-%d holds nothing more: its directory is kept as %s (delete it when you like)",
+                 index, aside)
 
     def _start_all(self) -> None:
         """Every node behind the start gate (cluster/gate.py), which opens once each
@@ -146,24 +170,28 @@ class Supervisor:
         stranded.  A node that exits meanwhile is not waited for (it is started again;
         it finds the gate open and refuses to move anything then)."""
         have = set(worker_stores(self.settings.data_dir))
-        first = [i for i in range(len(self.nodes)) if i in have]
-        later = [i for i in range(len(self.nodes)) if i not in have]
+        run = list(range(self.serving)) + sorted(self.draining)
+        first = [i for i in run if i in have]
+        later = [i for i in run if i not in have]
         for i in first:
             self._start(i)
         self._wait_for(first if later else [], "recovered")
         if not self.stopping:
             for i in later:
                 self._start(i)
-        self._wait_for(range(len(self.nodes)), "ready")
+        self._wait_for(run, "ready")
         if not self.stopping:
             self.gate.open()
             log.info("supervisor: every worker is ready; serving clients")
 
     def _wait_for(self, indexes: Any, state: str) -> None:
+        """Until each node is in `state`, or exited and started again so often that its
+        restart delay is at its longest (it is not waited for any more)."""
         pending = set(indexes)
         while pending and not self.stopping:
             self._reap()
-            pending = {i for i in pending if i not in self.restarts and not self.gate.has(self.nodes[i], state)}
+            pending = {i for i in pending if self.restarts.get(i, 0) < MAX_RESTART_DELAY
+                       and not self.gate.has(self.nodes[i], state)}
             if pending:
                 time.sleep(0.05)
 
@@ -177,13 +205,18 @@ class Supervisor:
             code = proc.poll()
             if code is None or self.stopping:
                 continue
+            if code == EXIT_DRAINED and index in self.draining:
+                del self.procs[index]
+                self.draining.discard(index)
+                self._drained(index)
+                continue
             if code == EXIT_REFUSED:   # its log line says why; starting it again would not help
                 log.error("supervisor: worker %s refused to start with this map; stopping every worker",
                           self.nodes[index])
                 del self.procs[index]
                 self.stopping, self.exit_code = True, EXIT_REFUSED
                 return
-            delay = min(10.0, self.restarts.get(index, RESTART_DELAY / 2) * 2)
+            delay = min(MAX_RESTART_DELAY, self.restarts.get(index, RESTART_DELAY / 2) * 2)
             self.restarts[index] = delay
             log.warning("supervisor: worker %s exited (%s); starting it again in %.1f s",
                         self.nodes[index], code, delay)

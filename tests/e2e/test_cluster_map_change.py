@@ -213,13 +213,37 @@ def test_a_subscription_whose_topic_becomes_partitioned_stops_the_start_and_lose
     assert got == list(range(5)), "the subscription's backlog is whole"
 
 
-def test_fewer_workers_than_the_data_dir_has_stores_refuse_to_start(tmp_path):
+def test_fewer_workers_empty_the_stores_they_no_longer_run_into_the_others(tmp_path):
+    """3 -> 2 workers: node-2 runs once more as a node that owns nothing and serves no
+    client; its subscription moves to its topic's node, its queue's messages to their
+    owner, and its directory is set aside once it holds nothing."""
     queue = next(q for q in (uid("q") for _ in range(1000)) if owner(q, 3) == "n2")
+    topic = next(t for t in (f"t{i}" for i in range(1000)) if owner(f"amq.topic/{t}", 3) == "n2")
     data = tmp_path / "data"
-    put_one(ClusterProcess(data, workers=3, weights=None), queue, "kept")
-    status, err = serve(data, 2)
-    assert status == 2 and "node-2" in err and "--workers 3" in err, err[-3000:]
-    assert take_all(ClusterProcess(data, workers=3, weights=None), queue) == ["kept"]
+    cl = ClusterProcess(data, workers=3, weights=None).start()
+    try:
+        conn = connect(cl.url, container_id="app-drain")
+        durable_consumer(conn, topic, "sub-drain").detach()
+        conn.close()
+        publish(cl.url, topic, range(5))
+        conn = connect(cl.url)
+        sender(conn, queue).send(Message(body="kept", durable=True))
+        conn.close()
+    finally:
+        cl.stop()
+
+    cl = ClusterProcess(data, workers=2, weights=None).start()
+    try:
+        cl.wait_for_log(r"node-2 holds nothing more", timeout=30)
+        conn = connect(cl.url, container_id="app-drain")
+        got = drain_bodies(conn, durable_consumer(conn, topic, "sub-drain"), timeout=2.0)
+        assert drain_bodies(conn, receiver(conn, queue, credit=10), timeout=2.0) == ["kept"]
+        conn.close()
+    finally:
+        cl.stop()
+    assert got == list(range(5))
+    assert not (data / "node-2").exists() and len(list(data.glob("node-2.drained-*"))) == 1
+    assert take_all(ClusterProcess(data, workers=2, weights=None), queue) == []   # started again: as 2
 
 
 def test_a_single_brokers_store_and_the_workers_stores_are_never_hidden_by_the_other_mode(tmp_path):
