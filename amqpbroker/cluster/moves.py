@@ -170,7 +170,12 @@ def moved_subscription(link: Link) -> Any:
     if lib.pn_link_remote_properties(link._impl) == ffi.NULL:
         return None
     text = (link.remote_properties or {}).get(MOVE)
-    return None if text is None else subscription_from_json(json.loads(text))
+    if text is None:
+        return None
+    try:
+        return subscription_from_json(json.loads(text))
+    except (TypeError, ValueError, KeyError, IndexError) as exc:   # a node of another version, or damage
+        raise AttachRefused("amqp:invalid-field", f"a subscription move's record does not read: {exc!r}") from None
 
 
 def adopt(server: Any, link: Link, moved: Any) -> None:

@@ -134,18 +134,13 @@ def test_a_durable_subscription_whose_topic_moves_goes_with_it_backlog_selector_
     assert got == list(range(15, 20))
 
 
-def test_a_move_cut_by_kill_9_goes_on_at_the_next_start_and_loses_nothing(tmp_path):
-    """The whole cluster killed (-9) once the topic's new node has taken the
-    subscription and its backlog is on the way: the next start finds it on both nodes
-    and moves the rest (at least once: what was accepted there and not yet removed
-    here comes twice, never more than a shovel's window)."""
-    topic = moving_topic(2, 3)
-    data = tmp_path / "data"
-    count, pad = 2000, b"x" * 32_000
+def make_backlog(data, topic: str, name: str, count: int) -> None:
+    """`--workers 2`: durable subscription `name` on `topic` with `count` 32 KB messages."""
+    pad = b"x" * 32_000
     cl = ClusterProcess(data, workers=2, weights=None).start()
     try:
         conn = connect(cl.url, container_id="app-cut")
-        durable_consumer(conn, topic, "sub-cut").detach()
+        durable_consumer(conn, topic, name).detach()
         conn.close()
         pub = connect(cl.url)
         snd = sender(pub, f"amq.topic/{topic}")
@@ -155,34 +150,76 @@ def test_a_move_cut_by_kill_9_goes_on_at_the_next_start_and_loses_nothing(tmp_pa
     finally:
         cl.stop()
 
+
+def numbers_received(url: str, topic: str, name: str) -> list[int]:
+    conn = connect(url, container_id="app-cut")
+    rcv = durable_consumer(conn, topic, name, credit=200)
+    seen = []
+    while True:   # each body's number read at once (a body's view does not outlive the next)
+        try:
+            msg, dlv = fetch(conn, rcv, 3.0)
+        except Timeout:
+            break
+        seen.append(int(bytes(msg.body[:6])))
+        settle(dlv, Delivery.ACCEPTED)
+    conn.close()
+    return seen
+
+
+def check_whole(seen: list[int], count: int) -> None:
+    assert set(seen) == set(range(count)), f"{count - len(set(seen))} message(s) lost"
+    assert len(seen) - count <= 256, "copies beyond the shovel's window"
+
+
+# Cut by count, not by the clock: once 40 % of the backlog is accepted there.
+FORTY_PERCENT = r"durable subscription '{}': [4-9]00 of 2000 message\(s\) moved"
+
+
+def test_a_move_cut_by_kill_9_goes_on_at_the_next_start_and_loses_nothing(tmp_path):
+    """The whole cluster killed (-9) once the topic's new node has taken the
+    subscription and part of its backlog: the next start finds it on both nodes and
+    moves the rest (at least once: what was accepted there and not yet removed here
+    comes twice, never more than a shovel's window)."""
+    topic, data, count = moving_topic(2, 3), tmp_path / "data", 2000
+    make_backlog(data, topic, "sub-cut", count)
     cl = ClusterProcess(data, workers=3, weights=None).start(wait=False)
-    # Cut by count, not by the clock: once 40 % of the backlog is accepted there.
-    cl.wait_for_log(r"durable subscription 'sub-cut': [4-9]00 of 2000 message\(s\) moved", timeout=60)
+    cl.wait_for_log(FORTY_PERCENT.format("sub-cut"), timeout=60)
     os.killpg(cl.proc.pid, signal.SIGKILL)
     cl.proc.wait()
 
     cl = ClusterProcess(data, workers=3, weights=None).start()
     try:
         log_text = cl.log_text()
-        conn = connect(cl.url, container_id="app-cut")
-        rcv = durable_consumer(conn, topic, "sub-cut", credit=200)
-        seen = []
-        while True:   # each body's number read at once (a body's view does not outlive the next)
-            try:
-                msg, dlv = fetch(conn, rcv, 3.0)
-            except Timeout:
-                break
-            seen.append(int(bytes(msg.body[:6])))
-            settle(dlv, Delivery.ACCEPTED)
-        conn.close()
+        seen = numbers_received(cl.url, topic, "sub-cut")
     finally:
         cl.stop()
-    assert set(seen) == set(range(count)), f"{count - len(set(seen))} message(s) lost"
-    assert len(seen) - count <= 256, "copies beyond the shovel's window"
+    check_whole(seen, count)
     assert "'sub-cut' (topic amq.topic/" in log_text and "here already (an earlier move)" in log_text
     left = re.search(r"moving durable subscription 'sub-cut' \(topic [^,]+, (\d+) message", log_text)
     assert left and 0 < int(left.group(1)) < count, "the second start moved what the first one had not"
     assert seen == sorted(seen) or len(seen) > count, "in order, unless a copy came again"
+
+
+@pytest.mark.parametrize("victim", ["old", "owner"])
+def test_a_node_killed_in_the_middle_of_a_move_is_started_again_and_the_gate_waits_for_it(tmp_path, victim):
+    """kill -9 of the node the subscription leaves (or of the one it goes to) while
+    its backlog moves: the supervisor starts it again, the gate stays shut until the
+    move is done, and the client finds every message."""
+    topic, data, count = moving_topic(2, 3), tmp_path / "data", 2000
+    node = {"old": owner(f"amq.topic/{topic}", 2), "owner": owner(f"amq.topic/{topic}", 3)}[victim]
+    make_backlog(data, topic, "sub-kill", count)
+    cl = ClusterProcess(data, workers=3, weights=None).start(wait=False)
+    try:
+        cl.wait_for_log(FORTY_PERCENT.format("sub-kill"), timeout=60)
+        cl.kill_node(node)
+        cl.wait_nodes(timeout=120)
+        log_text = cl.log_text()
+        assert f"worker {node} exited" in log_text
+        assert log_text.index("durable subscription 'sub-kill' moved to node") < log_text.index("every worker is ready")
+        seen = numbers_received(cl.url, topic, "sub-kill")
+    finally:
+        cl.stop()
+    check_whole(seen, count)
 
 
 def test_a_subscription_whose_topic_becomes_partitioned_stops_the_start_and_loses_nothing(tmp_path):
