@@ -110,7 +110,6 @@ class SubscriptionMoves:
         self.pending = {m.queue: (registry.by_queue[m.queue], m.node) for m in misplaced}
         self.done = asyncio.get_running_loop().create_future()
         self.links: dict[str, MoveLink] = {}
-        self.count = len(self.pending)
 
     def start(self) -> "asyncio.Future[None]":
         if not self.pending:

@@ -112,7 +112,7 @@ async def run_worker(settings: Settings, loop: asyncio.AbstractEventLoop, spec: 
             if gate is None or gate.is_open():   # clients are served already: a move could miss messages
                 raise MisplacedSubscriptions(node, router.to_move)
             await _unless_stopped(SubscriptionMoves(server, shovels, router.to_move).start(), stopped)
-        if gate is not None:
+        if gate is not None and not stopped.is_set():   # ready only once everything moved
             gate.mark(node, "ready")
             if node in spec.draining:   # never serves a client: its queues go to their owners, then it ends
                 empty = await _drained(server, stopped)

@@ -155,7 +155,11 @@ class Supervisor:
     def _drained(self, index: int) -> None:
         path = self.settings.data_dir / f"node-{index}"
         aside = path.with_name(f"{path.name}.drained-{time.strftime('%Y%m%d-%H%M%S')}")
-        path.rename(aside)
+        try:
+            path.rename(aside)
+        except OSError as exc:   # it is empty: the next start with N workers drains it again (nothing)
+            log.warning("supervisor: node-%d holds nothing more, but could not be set aside: %s", index, exc)
+            return
         log.info("supervisor: node-%d holds nothing more: its directory is kept as %s (delete it when you like)",
                  index, aside)
 
@@ -167,8 +171,9 @@ class Supervisor:
         first; those whose store would be new only once those have recovered (or
         exited): a node that refuses this map (EXIT_REFUSED) then leaves no new store
         behind, which a start with the previous --workers would have to refuse as
-        stranded.  A node that exits meanwhile is not waited for (it is started again;
-        it finds the gate open and refuses to move anything then)."""
+        stranded.  A node that exits meanwhile is started again and waited for, unless
+        it fails again and again (then it finds the gate open, and refuses to start if
+        it still holds something to move: nothing moves while clients are served)."""
         have = set(worker_stores(self.settings.data_dir))
         run = list(range(self.serving)) + sorted(self.draining)
         first = [i for i in run if i in have]
