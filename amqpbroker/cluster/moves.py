@@ -17,6 +17,12 @@ node serves a client (the supervisor's start gate, cluster/workers.py):
    each message is removed here only once the owner accepted it (committed there).
 3. the subscription deleted here once its queue is empty, and committed.
 
+A subscription whose topic became partitioned (`[cluster] partitioned`) goes to every
+member: a copy on each member's node (`member_copy`: bound to the member's name, as a
+consumer attached through the partitioned name makes it), its backlog with the first
+member that is not here, and the copy of this node's own member, if any, made here
+once the old one is deleted.
+
 Nothing is published to the topic meanwhile: no node has opened its client listeners
 yet, so the moved subscription misses no message and its order is the old one.  A
 crash in the middle leaves the subscription on both nodes: the next start moves the
@@ -28,13 +34,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 from cproton import ffi, lib
 from proton import Link, symbol
 
 from ..core.placement import HeldSubscription
-from ..core.subscriptions import Adoption
+from ..core.subscriptions import Adoption, member_copy
 from ..server.refusal import AttachRefused
 from ..store.subscription_json import subscription_from_json, subscription_to_json
 from .shovel import ShovelLink, Shovels
@@ -54,19 +61,61 @@ class MoveRefused(Exception):
     under another topic): this node must not start (cluster/node.py EXIT_REFUSED)."""
 
 
-class MoveLink(ShovelLink):
-    """One subscription's move: a shovel of its queue whose link names the subscription."""
+class NoBacklog:
+    """The queue side of a link that carries only a subscription's record (a member
+    copy that gets none of the backlog): nothing to send."""
 
-    def __init__(self, moves: "SubscriptionMoves", sub: Any, queue: Any, owner: str):
+    depth = 0
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def add_consumer(self, consumer: Any) -> None:
+        pass
+
+    def remove_consumer(self, consumer: Any, held: Any, failed: bool) -> None:
+        pass
+
+    def dispatch(self) -> None:
+        pass
+
+
+@dataclass
+class Plan:
+    """Where one misplaced subscription goes: (record, node, with its backlog) per link,
+    and the copy made here at the end (its topic partitioned, one member here)."""
+    sub: Any
+    sends: list[tuple[Any, str, bool]]
+    local: Any = None
+    left: set[str] = field(default_factory=set)   # nodes whose link is not done
+
+
+def plan(sub: Any, held: HeldSubscription, here: str) -> Plan:
+    """To its topic's node, backlog and all; or, its topic partitioned, a copy on every
+    member (core/subscriptions.py `member_copy`), the backlog with the first member that
+    is not here."""
+    if held.node:
+        return Plan(sub, [(sub, held.node, True)], left={held.node})
+    carrier = next(node for _, node in held.members if node != here)
+    sends = [(member_copy(sub, address), node, node == carrier) for address, node in held.members if node != here]
+    local = next((member_copy(sub, address) for address, node in held.members if node == here), None)
+    return Plan(sub, sends, local, {node for _, node, _ in sends})
+
+
+class MoveLink(ShovelLink):
+    """One link of a subscription's move: a shovel of its queue (or of nothing, for a
+    record alone) whose link carries the subscription's record."""
+
+    def __init__(self, moves: "SubscriptionMoves", record: Any, queue: Any, owner: str):
         super().__init__(moves.shovels, queue, owner)
         self.moves = moves
-        self.sub = sub
+        self.record = record
         self.finished = False
         self.total = queue.depth
-        self.step = max(1, self.total // 10)   # a progress line at every tenth of the backlog
+        self.step = max(100, self.total // 10)   # a progress line at every tenth of a long backlog
 
     def link_properties(self) -> dict:
-        return {MOVE: json.dumps(subscription_to_json(self.sub))}
+        return {MOVE: json.dumps(subscription_to_json(self.record))}
 
     def on_peer_attach(self) -> None:
         super().on_peer_attach()
@@ -76,7 +125,7 @@ class MoveLink(ShovelLink):
         before = self.moved
         super().on_peer_delivery(dlv)
         if self.moved != before and self.moved % self.step == 0 and self.moved < self.total:
-            log.info("durable subscription '%s': %d of %d message(s) moved to node %s", self.sub.key.name,
+            log.info("durable subscription '%s': %d of %d message(s) moved to node %s", self.record.key.name,
                      self.moved, self.total, self.owner)
         self._check_done()
 
@@ -101,51 +150,61 @@ class MoveLink(ShovelLink):
 
 
 class SubscriptionMoves:
-    """This node's misplaced durable subscriptions, each moved to its topic's owner."""
+    """This node's misplaced durable subscriptions, each moved where its topic is now."""
 
     def __init__(self, server: Any, shovels: Shovels, misplaced: list[HeldSubscription]):
         self.server = server
         self.shovels = shovels
-        registry = server.subscriptions
-        self.pending = {m.queue: (registry.by_queue[m.queue], m.node) for m in misplaced}
+        registry, here = server.subscriptions, shovels.node
+        self.pending = {m.queue: plan(registry.by_queue[m.queue], m, here) for m in misplaced}
         self.done = asyncio.get_running_loop().create_future()
-        self.links: dict[str, MoveLink] = {}
 
     def start(self) -> "asyncio.Future[None]":
         if not self.pending:
             self.done.set_result(None)
-        for name in list(self.pending):
-            self._begin(name)
+        for name, p in list(self.pending.items()):
+            for _, node, _ in p.sends:
+                self._begin(name, node)
         return self.done
 
-    def _begin(self, name: str) -> None:
-        if name not in self.pending or self.done.done():
+    def _begin(self, name: str, node: str) -> None:
+        p = self.pending.get(name)
+        if p is None or node not in p.left or self.done.done():
             return
-        sub, owner = self.pending[name]
-        queue = self.server.broker.queues[name]
-        log.info("moving durable subscription '%s' (topic %s/%s, %d message(s)) to node %s", sub.key.name,
-                 sub.binding.exchange, sub.binding.key, queue.depth, owner)
-        link = self.links[name] = MoveLink(self, sub, queue, owner)
-        link.start()
+        record, _, backlog = next(send for send in p.sends if send[1] == node)
+        queue = self.server.broker.queues[name] if backlog else NoBacklog(name)
+        b = record.binding
+        log.info("moving durable subscription '%s' (topic %s/%s, %d message(s)) to node %s", record.key.name,
+                 b.exchange, b.key, queue.depth, node)
+        MoveLink(self, record, queue, node).start()
 
     def interrupted(self, link: MoveLink) -> None:
         """The owner went away or refused: again a little later (it may be starting)."""
-        self.server.loop.call_later(RETRY, self._begin, link.queue.name)
+        self.server.loop.call_later(RETRY, self._begin, link.record.queue_name, link.owner)
 
     def moved(self, link: MoveLink) -> None:
-        """Its queue is empty and everything in it accepted there: deleted here."""
-        sub = link.sub
-        self.server.subscriptions.delete(sub)
-        name = sub.queue_name
+        """Everything this link carried is accepted there; once every link of its
+        subscription is done, the subscription is deleted here (and its copy made,
+        when a member of its topic is here)."""
+        name = link.record.queue_name
+        p = self.pending[name]
+        p.left.discard(link.owner)
+        log.info("durable subscription '%s' moved to node %s (%d message(s))", link.record.key.name, link.owner,
+                 link.moved)
+        if p.left:
+            return
+        registry = self.server.subscriptions
+        registry.delete(p.sub)
+        if p.local is not None:
+            registry.adopt(p.local)
+            log.info("durable subscription '%s' (topic %s/%s) made here: this node's member", p.local.key.name,
+                     p.local.binding.exchange, p.local.binding.key)
 
         def committed(error: BaseException | None) -> None:
             if error is not None:
-                log.error("durable subscription '%s' moved to node %s, not deleted here: %s", sub.key.name,
-                          link.owner, error)
+                log.error("durable subscription '%s' moved, not deleted here: %s", p.sub.key.name, error)
                 self._fail(RuntimeError(f"store: {error}"))
                 return
-            log.info("durable subscription '%s' moved to node %s (%d message(s))", sub.key.name, link.owner,
-                     link.moved)
             self.pending.pop(name, None)
             if not self.pending and not self.done.done():
                 self.done.set_result(None)
@@ -153,8 +212,8 @@ class SubscriptionMoves:
         self.server.store.after_commit(committed)
 
     def refused(self, link: MoveLink, why: str) -> None:
-        log.error("node %s refused durable subscription '%s': %s", link.owner, link.sub.key.name, why)
-        self._fail(MoveRefused(f"node {link.owner} refused durable subscription '{link.sub.key.name}': {why}"))
+        log.error("node %s refused durable subscription '%s': %s", link.owner, link.record.key.name, why)
+        self._fail(MoveRefused(f"node {link.owner} refused durable subscription '{link.record.key.name}': {why}"))
 
     def _fail(self, exc: BaseException) -> None:
         if not self.done.done():
@@ -178,9 +237,8 @@ def moved_subscription(link: Link) -> Any:
 
 
 def adopt(server: Any, link: Link, moved: Any) -> None:
-    """Make the moved subscription here (before the link is attached as a producer
-    into its queue: the records go in the same or an earlier store batch than the
-    first message, so nothing is accepted before the subscription is committed)."""
+    """Make the moved subscription here; the link is answered (attached as a producer
+    into its queue) once that is committed (cluster/router.py `_once_committed`)."""
     if moved.key is None or not moved.durable or link.remote_target.address != moved.queue_name:
         raise AttachRefused("amqp:invalid-field", "a subscription move must name the subscription's queue")
     verdict, _ = server.subscriptions.adopt(moved)

@@ -30,6 +30,7 @@ from ..core.placement import (
     client_home,
     map_id,
     misplaced_subscriptions,
+    movable,
     partition_members,
     place_link,
     place_message,
@@ -268,6 +269,7 @@ class Router:
             if moved is not None:   # a subscription moved here with its topic (cluster/moves.py)
                 self._check_owned(moved)
                 adopt(self.server, link, moved)
+                return self._once_committed(handler, link)
             return None
         shape = self._shape(link)
         if not shape.consumer and shape.address == CLUSTER_INFO_ADDRESS:
@@ -519,10 +521,27 @@ class Router:
                                  else s.binding.exchange, queue=s.queue_name)
                 for s in self.server.subscriptions.subscriptions.values() if s.durable]
         misplaced = misplaced_subscriptions(held, self.node, self.slots, self.exchanges)
-        stuck = [m for m in misplaced if not (self.moves_allowed and m.node)]
+        stuck = [m for m in misplaced if not (self.moves_allowed and movable(m, self.node))]
         if stuck:
             raise MisplacedSubscriptions(self.node, stuck)
         self.to_move = misplaced
+
+    def _once_committed(self, handler: Any, link: Any) -> LocalAttach:
+        """A move's link answered (and so its subscription taken by the node it leaves)
+        only once the subscription made here is on disk; its frames wait meanwhile."""
+        waiting = LocalAttach(self.side(handler), handler, link)
+
+        def committed(error: BaseException | None) -> None:
+            if waiting.state != "attaching":
+                return
+            if error is None:
+                waiting.start()
+            else:
+                waiting.refuse_client(Condition("amqp:resource-limit-exceeded",
+                                                f"moved subscription could not be stored: {error}"))
+
+        self.server.store.after_commit(committed)
+        return waiting
 
     def _check_owned(self, moved: Any) -> None:
         """A moved subscription comes only to its topic's owner under this map."""

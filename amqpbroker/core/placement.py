@@ -383,6 +383,7 @@ class HeldSubscription:
     owner: str = ""     # misplaced: the node (or members) that owns the topic now
     queue: str = ""     # its queue's name (unique on a node; the name is per client-id)
     node: str = ""      # misplaced: the one node it can move to ("" for a partitioned topic)
+    members: tuple[tuple[str, str], ...] = ()   # misplaced, its topic partitioned: (address, node) each
 
 
 def misplaced_subscriptions(held: Iterable[HeldSubscription], here: str, slots: SlotMap,
@@ -393,8 +394,9 @@ def misplaced_subscriptions(held: Iterable[HeldSubscription], here: str, slots: 
     exchanges): a subscription lives beside its topic.  Left alone, its topic's messages
     go to the owner, where it does not exist, and attaching it again there would delete
     it here (cluster/guard.py, JMS 2.0 §6.11), backlog and all.  One whose topic has one
-    owner (`node`) is moved there before any node serves a client (cluster/moves.py,
-    `--workers` only); otherwise the node must not start (cluster/node.py)."""
+    owner (`node`) is moved there, and one whose topic became partitioned to every
+    member (`members`), before any node serves a client (cluster/moves.py, `--workers`
+    only); otherwise the node must not start (cluster/node.py)."""
     every = slots.with_live(slots.nodes)
     out = []
     for sub in held:
@@ -404,8 +406,15 @@ def misplaced_subscriptions(held: Iterable[HeldSubscription], here: str, slots: 
         elif isinstance(placed, Partitioned):
             out.append(HeldSubscription(sub.name, sub.topic,
                                         "members " + ", ".join(f"{a} on {n}" for a, n in placed.members),
-                                        sub.queue))
+                                        sub.queue, members=tuple(placed.members)))
     return out
+
+
+def movable(sub: HeldSubscription, here: str) -> bool:
+    """Whether a misplaced subscription can move (cluster/moves.py): to its topic's node,
+    or to the members of its topic, now partitioned, one of them elsewhere (its backlog
+    goes there, and a copy is made on each)."""
+    return bool(sub.node) or any(node != here for _, node in sub.members)
 
 
 class MisplacedSubscriptions(Exception):
@@ -418,7 +427,6 @@ class MisplacedSubscriptions(Exception):
             f"node {node} holds {len(found)} durable subscription(s) whose topic another node owns under "
             f"this slot map: {shown}{more}.  The map changed since they were made (--workers or "
             f"--worker-weights, or [cluster] pinned / partitioned); a subscription moves with its topic only "
-            f"while `serve --workers` starts, and only to a topic with one owner (not a partitioned one), and "
-            f"attaching one again would delete it here with its messages.  Start with the map they were made "
-            f"under, or receive and unsubscribe them there first")
+            f"while `serve --workers` starts, and attaching one again would delete it here with its messages.  "
+            f"Start with the map they were made under, or receive and unsubscribe them there first")
         self.found = found

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import enum
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from .queues import ExclusivityPolicy, LifetimePolicy
@@ -233,6 +233,16 @@ def decide_adoption(existing: SubscriptionView | None, binding: BindingSpec) -> 
     if existing is None:
         return Adoption.ADOPT
     return Adoption.KEEP if existing.binding == binding else Adoption.REFUSE
+
+
+def member_copy(sub: "Subscription", member_address: str) -> "Subscription":
+    """A durable subscription's copy on one member of its topic, now partitioned
+    (`amq.topic/prices.p1`): what a consumer attached through the partitioned name
+    makes on that member (cluster/partitioned.py): the same key, queue name, selector
+    and no-local, bound to the member's name."""
+    exchange, _, key = member_address.partition("/")
+    binding = replace(sub.binding, exchange=exchange, key=key)
+    return replace(sub, binding=binding, source=sub.source.with_(address=member_address), links=set(sub.links))
 
 
 def keeps_registry_link(link_name: str) -> bool:

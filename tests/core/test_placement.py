@@ -371,3 +371,13 @@ def test_misplaced_subscriptions_message_names_them_and_the_way_out():
     text = str(MisplacedSubscriptions("n0", found))
     assert "node n0 holds 7 durable subscription(s)" in text and "'s0' (topic amq.topic/t0, owned by n1)" in text
     assert "'s5'" not in text and "and 2 more" in text and "Start with the map they were made under" in text
+
+
+def test_which_misplaced_subscriptions_can_move():
+    from amqpbroker.core.placement import HeldSubscription, movable
+    assert movable(HeldSubscription("s", "amq.topic/t", "n1", "q", node="n1"), "n0")
+    assert movable(HeldSubscription("s", "amq.topic/t", "", "q", members=(("amq.topic/t.p0", "n0"),
+                                                                           ("amq.topic/t.p1", "n1"))), "n0")
+    # every member here: there is nowhere else to take its backlog
+    assert not movable(HeldSubscription("s", "amq.topic/t", "", "q", members=(("amq.topic/t.p0", "n0"),)), "n0")
+    assert not movable(HeldSubscription("s", "amq.topic/t", "", "q"), "n0")

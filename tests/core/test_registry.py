@@ -127,3 +127,15 @@ def test_adopt_makes_the_subscription_as_it_was_and_a_lookup_finds_it():
 
     again, kept = reg.adopt(sub)
     assert again is Adoption.KEEP and kept is made and broker.queues[made.queue_name].depth == 1
+
+
+def test_a_member_copy_is_the_subscription_bound_to_its_members_name():
+    from amqpbroker.core.subscriptions import member_copy
+    _, reg = new_registry()
+    sub, queue, consumer = attach(reg, "s", "cid", durable_source(), BindingSpec("amq.topic", "news", "x = 1", True))
+    copy = member_copy(sub, "amq.topic/news.p1")
+    assert copy.binding == BindingSpec("amq.topic", "news.p1", "x = 1", True)
+    assert copy.source.address == "amq.topic/news.p1" and copy.source.capabilities == sub.source.capabilities
+    assert (copy.key, copy.queue_name, copy.links) == (sub.key, sub.queue_name, sub.links)
+    copy.links.add("other")
+    assert "other" not in sub.links and sub.binding.key == "news"   # the original untouched

@@ -1,12 +1,12 @@
 """End to end: `serve --workers N` started again with another N on the same data dir.
 
 A queue whose slot moved is shovelled to its new owner (tests/cluster/test_misplaced.py),
-and a durable subscription whose topic moved goes to the topic's new node, backlog and
-all, before any node serves a client (cluster/moves.py).  What cannot move is refused
-at start, with the reason, and nothing is lost (the previous map finds everything where
-it was): a subscription whose topic became partitioned (no one node to go to), a store
-of a node that fewer workers no longer run, and a single broker's store under
-`--workers` (nor the workers' under a single broker: store/layout.py).
+and a durable subscription whose topic moved goes to the topic's new node (to every
+member when the topic became partitioned), backlog and all, before any node serves a
+client (cluster/moves.py), also when a kill -9 cuts the move.  The store of a node that
+fewer workers no longer run is emptied into the others.  A single broker's store under
+`--workers` (and the workers' under a single broker: store/layout.py) is refused at
+start, with the reason, and nothing is lost.
 """
 
 from __future__ import annotations
@@ -222,32 +222,38 @@ def test_a_node_killed_in_the_middle_of_a_move_is_started_again_and_the_gate_wai
     check_whole(seen, count)
 
 
-def test_a_subscription_whose_topic_becomes_partitioned_stops_the_start_and_loses_nothing(tmp_path):
-    """A topic spread over members has no one node to move to: refused, as before."""
+def test_a_subscription_whose_topic_becomes_partitioned_goes_to_every_member(tmp_path):
+    """The topic spread over 2 members: a copy of the subscription on each member's
+    node, its backlog with one of them; through the partitioned name the client gets
+    the backlog and what comes after, from every member."""
     topic = moving_topic(2, 3)
     data = tmp_path / "data"
     cl = ClusterProcess(data, workers=2, weights=None).start()
     try:
         conn = connect(cl.url, container_id="app-part")
-        durable_consumer(conn, topic, "sub-part").detach()
+        durable_consumer(conn, topic, "sub-part", selector="keep = true").detach()
         conn.close()
         publish(cl.url, topic, range(5))
+        publish(cl.url, topic, range(100, 102), keep=False)
     finally:
         cl.stop()
-    config = tmp_path / "partitioned.toml"
-    config.write_text(f'[cluster]\npartitioned = [{{ address = "{topic}", members = 2, topic = true }}]\n')
-    status, err = serve(data, 2, config=config)
-    assert status == 3, err[-3000:]
-    assert "'sub-part'" in err and "members" in err and "stopping every worker" in err
-
-    cl = ClusterProcess(data, workers=2, weights=None).start()   # the map it was made under
+    config = f'[cluster]\npartitioned = [{{ address = "{topic}", members = 2, topic = true }}]\n'
+    cl = ClusterProcess(data, workers=2, weights=None, config=config).start()
     try:
+        log_text = cl.log_text()
+        assert log_text.count(f"durable subscription 'sub-part' (topic amq.topic/{topic}.p") >= 1, log_text[-3000:]
+        for i in range(4):   # producers stick to a member each: more than one, so both get some
+            publish(cl.url, topic, range(5 + 5 * i, 10 + 5 * i))
+        publish(cl.url, topic, range(102, 104), keep=False)
         conn = connect(cl.url, container_id="app-part")
-        got = drain_bodies(conn, durable_consumer(conn, topic, "sub-part"), timeout=2.0)
+        got = drain_bodies(conn, durable_consumer(conn, topic, "sub-part", selector="keep = true"), timeout=2.0)
         conn.close()
+        members = [cl.get(n, "/api/queues") for n in ("n0", "n1")]
     finally:
         cl.stop()
-    assert got == list(range(5)), "the subscription's backlog is whole"
+    assert [x for x in got if x < 5] == list(range(5)), "the backlog in its order (on one member)"
+    assert sorted(got) == list(range(25)), "every message once, from both members"
+    assert all("sub-part" in text for text in members), "a copy on each member's node"
 
 
 def test_fewer_workers_empty_the_stores_they_no_longer_run_into_the_others(tmp_path):
@@ -295,3 +301,34 @@ def test_a_single_brokers_store_and_the_workers_stores_are_never_hidden_by_the_o
     assert status == 2 and "node-0, node-1" in err and "--workers 2" in err, err[-3000:]
 
     assert take_all(BrokerProcess(alone), "kept-alone") == ["alone"]   # the mode it was made in: all there
+
+
+def test_a_zookeeper_node_never_moves_a_subscription_and_refuses_to_start_instead(tmp_path):
+    """`[cluster]` with ZooKeeper: its map is fixed, but its partitioned destinations
+    are configured; a node whose subscription's topic became partitioned refuses to
+    start (exit 3) rather than serve beside it, and starts again as before."""
+    from tests.cluster_process import ZkCluster
+    cl = ZkCluster(tmp_path).start()
+    try:
+        static = static_map(["a", "b", "c"], {"a": 0})
+        topic = next(t for t in (f"zk-{i}" for i in range(1000))
+                     if static.owners[slot_of(f"amq.topic/{t}")] == "b")
+        conn = connect(cl.node_url("b"), container_id="app-zk")
+        durable_consumer(conn, topic, "sub-zk").detach()
+        conn.close()
+        publish(cl.node_url("b"), topic, range(3))
+        cl.members["b"].stop()
+        config = tmp_path / "b-partitioned.toml"
+        config.write_text(cl.member_config("b") +
+                          f'partitioned = [{{ address = "{topic}", members = 2, topic = true }}]\n')
+        status, err = serve(tmp_path / "b", None, config=config)
+        assert status == 3, err[-3000:]
+        assert "'sub-zk'" in err and "members" in err, err[-3000:]
+        cl.members["b"].start(timeout=40)   # its previous configuration: everything there
+        cl.members["b"].wait_for_log(r"cluster: node b is live", timeout=30)
+        conn = connect(cl.node_url("b"), container_id="app-zk")
+        got = drain_bodies(conn, durable_consumer(conn, topic, "sub-zk"), timeout=2.0)
+        conn.close()
+    finally:
+        cl.stop()
+    assert got == [0, 1, 2]
