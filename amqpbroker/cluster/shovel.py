@@ -25,7 +25,7 @@ from cproton import ffi, lib
 from proton import Condition
 
 from ..core.addresses import TEMP_PREFIX
-from ..core.placement import Forward, SlotMap, map_id, member_node, owning_key, slot_of
+from ..core.placement import Forward, SlotMap, former_member, map_id, member_node, owning_key, slot_of
 from ..core.queues import Outcome
 from .deliveries import Tags, is_null
 from .peer import PeerConnection
@@ -41,15 +41,26 @@ _ids = itertools.count(1 << 61)
 def misplaced_owner(name: str, here: str, slots: SlotMap, exchanges: Any) -> str | None:
     """The node that owns queue `name` if it is not this one (subscription queues live
     with their topic and temporary queues with their connection: never misplaced)."""
+    found = misplaced_target(name, here, slots, exchanges)
+    return None if found is None else found[0]
+
+
+def misplaced_target(name: str, here: str, slots: SlotMap, exchanges: Any) -> tuple[str, str] | None:
+    """(owner, the address there) of queue `name` if another node owns it: its own
+    name, or for a member its partitioned queue no longer has (`orders.p2` of `orders`
+    now over 2), member 0 (core/placement.py `former_member`)."""
     if name.startswith((SUBSCRIPTION_PREFIX, TEMP_PREFIX)):
         return None
+    former = former_member(name, slots)
+    if former is not None:
+        return former[1], former[0]
     target = owning_key(name, topic=False, exchanges=exchanges, pinned=slots.pinned)
     if target.exchange is not None or target.key in slots.partitioned:
         return None
     # A member of a partitioned queue (`orders.p1`) lives on its member's node, not at
     # the hash of its name (core/placement.py).
     owner = member_node(target.key, slots) or slots.owners[slot_of(target.key, slots.slots)]
-    return None if owner == here else owner
+    return None if owner == here else (owner, name)
 
 
 class ShovelLink:
@@ -60,10 +71,11 @@ class ShovelLink:
     browse_cursor = 0
     forwarded = False
 
-    def __init__(self, shovels: "Shovels", queue: Any, owner: str):
+    def __init__(self, shovels: "Shovels", queue: Any, owner: str, target: str | None = None):
         self.shovels = shovels
         self.queue = queue
         self.owner = owner
+        self.target = target or queue.name   # the address at the owner
         self.consumer_id = next(_ids)
         self.peer: PeerConnection | None = None
         self.mirror: Any = None
@@ -79,7 +91,7 @@ class ShovelLink:
         self.peer = self.shovels.peer(self.owner)
         ssn = self.peer.session_for(self)
         m = ssn.sender(f"amqpbroker:shovel:{self.shovels.node}:{self.queue.name}")
-        m.target.address = self.queue.name
+        m.target.address = self.target
         m.source.address = self.queue.name
         props = self.link_properties()
         if props:
@@ -174,7 +186,7 @@ class Shovels:
         self.server = server
         self.router = router
         self.node = router.node
-        self.misplaced: dict[str, str] = {}        # queue name → owner
+        self.misplaced: dict[str, tuple[str, str]] = {}   # queue name → (owner, address there)
         self.active: dict[str, ShovelLink] = {}
         self.peers: dict[str, PeerConnection] = {}
         self.timer: Any = None
@@ -198,17 +210,17 @@ class Shovels:
         """A queue appeared here (recovered, configured, or named into being by a dead
         letter): if another node owns it, a shovel is attached at once, so what lands
         in it goes on without waiting for a look."""
-        owner = misplaced_owner(queue.name, self.node, self.router.slots, self.router.exchanges)
-        if owner is not None:
-            self.misplaced[queue.name] = owner
+        found = misplaced_target(queue.name, self.node, self.router.slots, self.router.exchanges)
+        if found is not None:
+            self.misplaced[queue.name] = found
             self.server.loop.call_soon(self._ensure, queue.name)
 
     def _ensure(self, name: str) -> None:
-        owner = self.misplaced.get(name)
+        found = self.misplaced.get(name)
         queue = self.server.broker.queues.get(name)
-        if owner is None or queue is None or name in self.active or not self.router.slots.available(owner):
+        if found is None or queue is None or name in self.active or not self.router.slots.available(found[0]):
             return
-        link = self.active[name] = ShovelLink(self, queue, owner)
+        link = self.active[name] = ShovelLink(self, queue, *found)
         link.start()
 
     def look(self) -> None:

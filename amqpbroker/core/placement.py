@@ -362,6 +362,18 @@ def member_base(address: str, slots: SlotMap) -> str | None:
     return base if count and suffix.isdigit() and int(suffix) < count else None
 
 
+def former_member(address: str, slots: SlotMap) -> tuple[str, str] | None:
+    """A member that its partitioned destination no longer has (`prices.p2` of `prices`
+    now over 2 members): (member 0's address, its node), where what is left in it goes,
+    or None.  A destination no longer partitioned at all cannot be told from one named
+    so (docs/cluster.md, "Not done yet")."""
+    base, dot, suffix = address.rpartition(".p")
+    count = slots.partitioned.get(base) if dot else None
+    if not count or not suffix.isdigit() or int(suffix) < count:
+        return None
+    return partition_members(base, count, slots)[0]
+
+
 def member_node(key: str, slots: SlotMap) -> str | None:
     """The node of a member address named directly (`orders.p1`): its member's node,
     never its own hash, so every way to a member leads to the same node."""
@@ -394,12 +406,18 @@ def misplaced_subscriptions(held: Iterable[HeldSubscription], here: str, slots: 
     exchanges): a subscription lives beside its topic.  Left alone, its topic's messages
     go to the owner, where it does not exist, and attaching it again there would delete
     it here (cluster/guard.py, JMS 2.0 §6.11), backlog and all.  One whose topic has one
-    owner (`node`) is moved there, and one whose topic became partitioned to every
-    member (`members`), before any node serves a client (cluster/moves.py, `--workers`
-    only); otherwise the node must not start (cluster/node.py)."""
+    owner (`node`) is moved there, one whose topic became partitioned to every member
+    (`members`), and a copy on a member its topic no longer has into member 0's copy,
+    before any node serves a client (cluster/moves.py, `--workers` only); otherwise the
+    node must not start (cluster/node.py)."""
     every = slots.with_live(slots.nodes)
     out = []
     for sub in held:
+        former = former_member(sub.topic, every)
+        if former is not None:   # its member is no more: what it holds goes to member 0's copy
+            out.append(HeldSubscription(sub.name, sub.topic, f"member {former[0]} on {former[1]}", sub.queue,
+                                        members=(former,)))
+            continue
         placed = place_link(LinkShape(consumer=True, address=sub.topic), here, every, exchanges)
         if isinstance(placed, Forward) and placed.node != here:
             out.append(HeldSubscription(sub.name, sub.topic, placed.node, sub.queue, placed.node))

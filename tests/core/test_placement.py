@@ -19,6 +19,7 @@ from amqpbroker.core.placement import (
     SlotMap,
     member_address,
     owning_key,
+    partition_members,
     place_link,
     place_message,
     slot_of,
@@ -360,9 +361,36 @@ def test_misplaced_subscriptions_row_by_row():
             HeldSubscription("own-member", own_member), HeldSubscription("other-member", other_member),
             HeldSubscription("logical", "amq.topic/prices"), HeldSubscription("wild", "amq.topic/a.*")]
     found = {s.name: s.owner for s in misplaced_subscriptions(held, "n0", slots, EXCHANGES)}
-    assert set(found) == {"away", "other-member", "logical"}
+    held.append(HeldSubscription("former", "amq.topic/prices.p3", queue="q-former"))
+    misplaced = {s.name: s for s in misplaced_subscriptions(held, "n0", slots, EXCHANGES)}
+    found = {name: s.owner for name, s in misplaced.items()}
+    assert set(found) == {"away", "other-member", "logical", "former"}
     assert found["away"] == "n1" and found["other-member"] == other_node   # n1, n2 not live: still theirs
     assert found["logical"].startswith("members amq.topic/prices.p0 on ")
+    # A member its topic no longer has (4 members once, 3 now): into member 0's copy.
+    assert misplaced["former"].members == (("amq.topic/prices.p0", members["amq.topic/prices.p0"]),)
+    assert misplaced["former"].queue == "q-former" and misplaced["former"].node == ""
+
+
+def test_former_members_row_by_row():
+    from amqpbroker.core.placement import former_member
+    slots = SlotMap(static_map(NODES).owners, frozenset(NODES), partitioned={"orders": 2, "amq.topic/px": 2})
+    first = dict(partition_members("orders", 2, slots))
+    assert former_member("orders.p2", slots) == ("orders.p0", first["orders.p0"])
+    assert former_member("orders.p7", slots) == ("orders.p0", first["orders.p0"])
+    assert former_member("amq.topic/px.p2", slots)[0] == "amq.topic/px.p0"
+    for still in ("orders.p0", "orders.p1", "orders", "orders.px", "other.p5", "orders.p"):
+        assert former_member(still, slots) is None, still
+
+
+def test_a_former_members_queue_is_shovelled_into_member_0():
+    from amqpbroker.cluster.shovel import misplaced_target
+    slots = SlotMap(static_map(NODES).owners, frozenset(NODES), partitioned={"orders": 2})
+    node0 = dict(partition_members("orders", 2, slots))["orders.p0"]
+    elsewhere = next(n for n in NODES if n != node0)
+    assert misplaced_target("orders.p2", elsewhere, slots, EXCHANGES) == (node0, "orders.p0")
+    assert misplaced_target("orders.p1", dict(partition_members("orders", 2, slots))["orders.p1"], slots,
+                            EXCHANGES) is None   # a member on its node stays
 
 
 def test_misplaced_subscriptions_message_names_them_and_the_way_out():

@@ -332,3 +332,43 @@ def test_a_zookeeper_node_never_moves_a_subscription_and_refuses_to_start_instea
     finally:
         cl.stop()
     assert got == [0, 1, 2]
+
+
+def test_fewer_members_put_what_a_dropped_member_holds_into_member_0(tmp_path):
+    """A partitioned topic and queue over 3 members, then 2: the dropped member's copy
+    of a durable subscription goes into member 0's copy, and its queue's messages into
+    member 0's queue; through the partitioned names every message comes once."""
+    topic, queue = "fewer-t", "fewer-q"
+
+    def config(members: int) -> str:
+        return (f'[cluster]\npartitioned = [{{ address = "{topic}", members = {members}, topic = true }}, '
+                f'{{ address = "{queue}", members = {members} }}]\n')
+
+    data = tmp_path / "data"
+    cl = ClusterProcess(data, workers=3, weights=None, config=config(3)).start()
+    try:
+        conn = connect(cl.url, container_id="app-fewer")
+        durable_consumer(conn, topic, "sub-fewer").detach()   # a copy on each member
+        conn.close()
+        for m in range(3):   # named directly, so that each member surely holds some
+            publish(cl.url, f"{topic}.p{m}", range(5 * m, 5 * m + 5))
+            conn = connect(cl.url)
+            snd = sender(conn, f"{queue}.p{m}")
+            for i in range(5 * m, 5 * m + 5):
+                snd.send(Message(body=i, durable=True))
+            conn.close()
+    finally:
+        cl.stop()
+
+    cl = ClusterProcess(data, workers=3, weights=None, config=config(2)).start()
+    try:
+        conn = connect(cl.url, container_id="app-fewer")
+        got = drain_bodies(conn, durable_consumer(conn, topic, "sub-fewer"), timeout=2.0)
+        queued = drain_bodies(conn, receiver(conn, queue, credit=50), timeout=2.0)
+        conn.close()
+        log_text = cl.log_text()
+    finally:
+        cl.stop()
+    assert sorted(got) == list(range(15)), got
+    assert sorted(queued) == list(range(15)), queued
+    assert f"durable subscription 'sub-fewer' (topic amq.topic/{topic}.p0) here already" in log_text
