@@ -33,6 +33,7 @@ log = logging.getLogger("amqpbroker.cluster")
 
 RESTART_DELAY = 0.5   # seconds before a dead worker is started again (doubling, up to 10 s)
 MAX_RESTART_DELAY = 10.0
+WAITING_NOTE = 10.0   # seconds between the supervisor's lines naming the workers the gate waits for
 
 
 def worker_count(value: str) -> int:
@@ -193,10 +194,16 @@ class Supervisor:
         """Until each node is in `state`, or exited and started again so often that its
         restart delay is at its longest (it is not waited for any more)."""
         pending = set(indexes)
+        said = time.monotonic()
         while pending and not self.stopping:
             self._reap()
             pending = {i for i in pending if self.restarts.get(i, 0) < MAX_RESTART_DELAY
                        and not self.gate.has(self.nodes[i], state)}
+            if pending and time.monotonic() - said >= WAITING_NOTE:   # why nothing listens yet
+                said = time.monotonic()
+                log.info("supervisor: no client is served until %s %s (their logs say what they do)",
+                         ", ".join(self.nodes[i] for i in sorted(pending)),
+                         "are ready" if state == "ready" else "have recovered their stores")
             if pending:
                 time.sleep(0.05)
 
