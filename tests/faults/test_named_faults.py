@@ -14,6 +14,7 @@ log line, a count of Accepted sends, a connection), never for a time.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -29,13 +30,21 @@ from tests.faults.relay import PARTITION, RESET
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 
-def wait_until(predicate, timeout: float, what: str, every: float = 0.05) -> None:
-    """A generous bound that only turns a hang into a failure with a reason."""
+def wait_until(predicate, timeout: float, what, every: float = 0.05) -> None:
+    """A generous bound that only turns a hang into a failure with a reason (`what`:
+    text, or a function giving it, for what was seen at the end)."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            raise TimeoutError(f"waited {timeout} s for {what}")
+            raise TimeoutError(f"waited {timeout} s for {what() if callable(what) else what}")
         time.sleep(every)
+
+
+def session_of(broker) -> str | None:
+    """The ZooKeeper session a broker holds now, as its log names it (ha/zk.py)."""
+    found = re.findall(r"ZooKeeper session CONNECTED \((?:a new|the same) session (0x[0-9a-f]+)\)",
+                       broker.log_text())
+    return found[-1] if found else None
 
 
 def lost_messages(ledger: Ledger, received: set[str]) -> list[str]:
@@ -109,13 +118,16 @@ def test_backup_survives_its_zookeeper_session_expiring(make_pair, zookeeper):
     ledger, clients = _load(pair, "expiry")
     try:
         mark = b.mark()
+        own = session_of(b)
+        assert own is not None and own in zookeeper.sessions(), f"the backup's session {own} is in ZooKeeper"
         before = zookeeper.sessions()      # the live broker's and the backup's
         b.zk_relay.cut(PARTITION)
         b.wait_for_log("ZooKeeper session SUSPENDED", 60, after=mark)
-        # Only the backup's link is cut: the session that leaves is its own (on a loaded
-        # machine the live broker's may be renewed too: at least one, not exactly one).
-        wait_until(lambda: len(before - zookeeper.sessions()) >= 1 or not b.alive(), 60,
-                   "ZooKeeper to expire the backup's session")
+        # Only the backup's link is cut: its own session is the one that must leave (the
+        # live broker's may be renewed too on a loaded machine).
+        wait_until(lambda: own not in zookeeper.sessions() or not b.alive(), 60,
+                   lambda: f"ZooKeeper to expire the backup's session {own} (before the cut: {sorted(before)}; "
+                           f"now: {sorted(zookeeper.sessions())})")
         n = ledger.accepted_count()
         wait_until(lambda: ledger.accepted_count() >= n + 100, 60, "Accepted sends while the backup is cut off")
         b.zk_relay.heal()
