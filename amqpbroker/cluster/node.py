@@ -116,16 +116,12 @@ async def run_worker(settings: Settings, loop: asyncio.AbstractEventLoop, spec: 
             gate.mark(node, "ready")
             if node in spec.draining:   # never serves a client: its queues go to their owners, then it ends
                 empty = await _drained(server, stopped)
-                inter.close()
-                shovels.close()
-                await server.stop()
+                await _close(inter, shovels, server)
                 return EXIT_DRAINED if empty else 0
             await gate.wait_open(stopped)
         if stopped.is_set():
             log.info("node %s stopped before it served", node)
-            inter.close()
-            shovels.close()
-            await server.stop()
+            await _close(inter, shovels, server)
             return 0
         await server.listen()
         if router.handoff_path is not None:
@@ -158,12 +154,17 @@ async def run_worker(settings: Settings, loop: asyncio.AbstractEventLoop, spec: 
     install_signal_handlers(loop, stopped.set, server.reloader.on_signal)   # SIGHUP: live reload, once started
     await stopped.wait()
     log.info("node %s shutting down", node)
+    await _close(inter, shovels, server)
+    return 0
+
+
+async def _close(inter: Any, shovels: Any, server: Any) -> None:
+    """A worker's stop: its inter-node and hand-off listeners, its shovels, its broker."""
     inter.close()
-    if router.handoff_listener is not None:
-        router.handoff_listener.close()
+    if server.cluster.handoff_listener is not None:
+        server.cluster.handoff_listener.close()
     shovels.close()
     await server.stop()
-    return 0
 
 
 async def _drained(server: Any, stopped: asyncio.Event) -> bool:

@@ -182,6 +182,13 @@ class ClientSide:
         self.peers.clear()
 
 
+def held_as(sub: Any) -> HeldSubscription:
+    """A subscription as core/placement.py `misplaced_subscriptions` reads it: its
+    binding as an address (`amq.topic/prices`)."""
+    b = sub.binding
+    return HeldSubscription(sub.key.name, f"{b.exchange}/{b.key}" if b.key else b.exchange, queue=sub.queue_name)
+
+
 class Router:
     """ClusterPort: this node's forwarding."""
 
@@ -517,9 +524,7 @@ class Router:
         (`moves_allowed`: a `--workers` start, behind its gate; cluster/moves.py);
         else, and for one whose topic became partitioned, the start is refused
         (MisplacedSubscriptions)."""
-        held = [HeldSubscription(s.key.name, f"{s.binding.exchange}/{s.binding.key}" if s.binding.key
-                                 else s.binding.exchange, queue=s.queue_name)
-                for s in self.server.subscriptions.subscriptions.values() if s.durable]
+        held = [held_as(s) for s in self.server.subscriptions.subscriptions.values() if s.durable]
         misplaced = misplaced_subscriptions(held, self.node, self.slots, self.exchanges)
         stuck = [m for m in misplaced if not (self.moves_allowed and movable(m, self.node))]
         if stuck:
@@ -545,12 +550,10 @@ class Router:
 
     def _check_owned(self, moved: Any) -> None:
         """A moved subscription comes only to its topic's owner under this map."""
-        b = moved.binding
-        topic = f"{b.exchange}/{b.key}" if b.key else b.exchange
-        held = HeldSubscription(moved.key.name, topic, queue=moved.queue_name)
+        held = held_as(moved)
         if misplaced_subscriptions([held], self.node, self.slots, self.exchanges):
-            raise AttachRefused("amqp:invalid-field", f"node {self.node} does not own topic {topic} under "
-                                                      f"its map: subscription '{moved.key.name}' not taken")
+            raise AttachRefused("amqp:invalid-field", f"node {self.node} does not own topic {held.topic} under "
+                                                      f"its map: subscription '{held.name}' not taken")
 
     def partition_target(self, handler: Any, producer: Any, dlv: Any, msg: Any) -> Any:
         """A message of a producer whose partitioned destination has a member here
