@@ -8,7 +8,10 @@ such an attach goes to its topic's node, every other node is asked, as Qpid JMS 
 to unsubscribe: a null-source attach under the client's link name (its stored
 subscription, if any, answers), then a detach with closed=true, which deletes it when
 nobody consumes it and is refused `amqp:resource-locked` otherwise.  A lock refuses the
-client's attach with that error; anything else lets it go on.
+client's attach with that error; anything else lets it go on.  One found under the
+*same* topic is never deleted (core/placement.py `replaces`): a subscription lives on
+its topic's node, so only an unfinished change of the map left it on another, and its
+backlog is what the client came for; the attach is refused `resource-unavailable`.
 
 A shared non-durable subscription (JMS 2.0 §6.11, createSharedConsumer) exists only
 while it has consumers, and one that exists under another topic or selector is an
@@ -33,6 +36,7 @@ from typing import Any, Callable
 from cproton import ffi, lib
 from proton import Condition, Link, Terminus, symbol
 
+from ..core.placement import UNAVAILABLE
 from ..core.subscriptions import SubscriptionKey, identity
 from ..core.terms import ExpiryPolicy
 from ..server.refusal import AttachRefused
@@ -60,6 +64,7 @@ class GuardLink:
         link.open()
         self.mirror, self.mimpl, self.mirror_session = link, link._impl, ssn
         self.found = False
+        self.kept = False   # found under the client's own topic: left there
         self.done = False
         peer.links[link._impl] = self
         peer.mark_dirty()
@@ -68,15 +73,25 @@ class GuardLink:
         if is_null(self.mirror.remote_source):
             return   # not here (or locked): the detach says which
         self.found = True
-        self.mirror.close()   # closed=true: delete it unless others consume it
+        if self.guard.same_topic(self.mirror.remote_source):
+            self.kept = True
+            self.mirror.detach()   # closed=false: it stays, backlog and all
+        else:
+            self.mirror.close()   # closed=true: delete it unless others consume it
         self.peer.mark_dirty()
 
     def on_peer_detach(self, closed: bool, condition: Condition | None = None) -> None:
         cond = condition or self.mirror.remote_condition
-        if not (self.mirror.state & Link.LOCAL_CLOSED):
+        if not self.kept and not (self.mirror.state & Link.LOCAL_CLOSED):
             self.mirror.close()
             self.peer.mark_dirty()
-        if cond is not None and cond.name == LOCKED:
+        if self.kept:
+            name = self.mirror.name.split("|", 1)[0]
+            log.error("durable subscription '%s' of this topic is held by node %s, not by the topic's node: "
+                      "not replaced (a change of the cluster's map is not finished)", name, self.node)
+            self._done(Condition(UNAVAILABLE, f"durable subscription '{name}' is held by node {self.node}, "
+                                              f"not by its topic's node (a change of the map is not finished)"))
+        elif cond is not None and cond.name == LOCKED:
             self._done(cond)
         else:
             if self.found:
@@ -155,8 +170,9 @@ class SubscriptionGuard:
     `then(refusal or None)`."""
 
     def __init__(self, side: Any, client_session: Any, link: Link, nodes: list[str], durable: bool,
-                 then: Callable[[Condition | None], None]):
+                 then: Callable[[Condition | None], None], same_topic: Callable[[Any], bool]):
         self.then = then
+        self.same_topic = same_topic   # a found subscription's source → under the client's topic?
         self.refusal: Condition | None = None
         if durable:
             self.waiting = {GuardLink(self, n, side.peer(n), client_session, link.name) for n in nodes}

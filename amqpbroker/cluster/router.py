@@ -34,6 +34,7 @@ from ..core.placement import (
     partition_members,
     place_link,
     place_message,
+    replaces,
 )
 from ..config import ClientIdPolicy
 from ..core.handoff import Candidate, decide as decide_handoff
@@ -388,6 +389,13 @@ class Router:
         sub = registry.subscriptions.get(SubscriptionKey(namespace, name, True))
         if sub is None:
             return
+        b = sub.binding
+        if not replaces((f"{b.exchange}/{b.key}", False), (source.address, source.has(CAP_TOPIC)),
+                        self.slots, self.exchanges):
+            log.error("durable subscription '%s' of this topic is held here, not by the topic's node: not "
+                      "replaced (a change of the cluster's map is not finished)", name)
+            raise AttachRefused(UNAVAILABLE, f"durable subscription '{name}' is held by node {self.node}, not by "
+                                             f"its topic's node (a change of the map is not finished)")
         queue = self.server.broker.queues.get(sub.queue_name)
         if queue is not None and queue.consumers:
             raise AttachRefused(LOCKED, f"subscription '{name}' is in use with a different topic, selector "
@@ -415,7 +423,14 @@ class Router:
             else:
                 fwd.start()
 
-        SubscriptionGuard(side, fwd.client_session, link, others, durable, then)
+        shape = self._shape(link)
+
+        def same_topic(found: Any) -> bool:
+            src = read_source(found)
+            return bool(src.address) and not replaces((src.address, src.has(CAP_TOPIC)), (shape.address, shape.topic),
+                                                      self.slots, self.exchanges)
+
+        SubscriptionGuard(side, fwd.client_session, link, others, durable, then, same_topic)
         if not isinstance(placed, Local):
             self.forwarded_total += 1
         return fwd

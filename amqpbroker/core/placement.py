@@ -384,6 +384,34 @@ def member_node(key: str, slots: SlotMap) -> str | None:
     return partition_members(base, count, slots)[int(suffix)][1]
 
 
+def destination_of(address: str, topic: bool, slots: SlotMap, exchanges: Mapping[str, str]) -> str:
+    """One name for the destination an address reaches, however it is spelled
+    (`prices` + `topic`, `amq.topic/prices`, `amq.topic` alone = its key `#`), a
+    member of a partitioned destination named as the destination: what a durable
+    subscription's binding and a client's attach are compared by (`replaces`)."""
+    t = owning_key(address, topic=topic, exchanges=exchanges, pinned=slots.pinned)
+    if t.exchange is None:
+        name = t.key
+    elif t.routing_key:
+        name = f"{t.exchange}/{t.routing_key}"
+    elif t.routing_key is None and exchanges.get(t.exchange) == TOPIC:
+        name = f"{t.exchange}/#"   # Exchange.default_key
+    else:
+        name = t.exchange
+    return member_base(name, slots) or name
+
+
+def replaces(held: tuple[str, bool], attached: tuple[str, bool], slots: SlotMap,
+             exchanges: Mapping[str, str]) -> bool:
+    """Whether a client's durable subscription attach (`attached`: its address and
+    topic capability) replaces the subscription of that name another node holds
+    (`held`: the address it is bound by): JMS 2.0 §6.11, the same name under another
+    topic replaces it.  The same destination is never replaced there: that node is not
+    the destination's, so only an unfinished change of the map left it there
+    (cluster/moves.py), and deleting it would delete the backlog the client came for."""
+    return destination_of(*held, slots, exchanges) != destination_of(*attached, slots, exchanges)
+
+
 # ---------------------------------------------------------------------- after a change of the map
 
 

@@ -22,6 +22,7 @@ from amqpbroker.core.placement import (
     partition_members,
     place_link,
     place_message,
+    replaces,
     slot_of,
     spread,
     static_map,
@@ -409,3 +410,27 @@ def test_which_misplaced_subscriptions_can_move():
     # every member here: there is nowhere else to take its backlog
     assert not movable(HeldSubscription("s", "amq.topic/t", "", "q", members=(("amq.topic/t.p0", "n0"),)), "n0")
     assert not movable(HeldSubscription("s", "amq.topic/t", "", "q"), "n0")
+
+
+# ---------------------------------------------------------------------- replaces (cluster/guard.py)
+
+REPLACES = [
+    # (held binding as an address, attach address + topic capability, replaced?)
+    ("amq.topic/prices", ("prices", True), False),            # one topic, two spellings
+    ("amq.topic/prices", ("amq.topic/prices", False), False),
+    ("amq.topic/#", ("amq.topic", False), False),              # the exchange alone: its key '#'
+    ("amq.fanout/", ("amq.fanout", False), False),             # a fanout binding's empty key
+    ("events/a.b", ("events/a.b", False), False),              # a pinned exchange: key by key
+    ("events/a.b", ("events/a.c", False), True),
+    ("amq.topic/prices.p1", ("prices", True), False),         # a member copy of the partitioned topic
+    ("amq.topic/prices.p7", ("prices", True), True),          # not one of its members
+    ("amq.topic/prices", ("orders", True), True),             # JMS 2.0 §6.11: another topic replaces
+    ("amq.topic/prices", ("prices", False), True),            # the queue 'prices' is not the topic
+]
+
+
+@pytest.mark.parametrize("held,attached,expected", REPLACES)
+def test_row_a_subscription_elsewhere_is_replaced_only_under_another_topic(held, attached, expected):
+    base = static_map(NODES)
+    slots = SlotMap(base.owners, base.live, pinned=frozenset({"events"}), partitioned={"amq.topic/prices": 2})
+    assert replaces((held, False), attached, slots, EXCHANGES) is expected
