@@ -16,6 +16,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from proton import Delivery, Message, Timeout
@@ -220,6 +221,46 @@ def test_a_node_killed_in_the_middle_of_a_move_is_started_again_and_the_gate_wai
     finally:
         cl.stop()
     check_whole(seen, count)
+
+
+# A pause shorter than the inter-node idle timeout (cluster/peer.py IDLE_TIMEOUT,
+# 16 s) goes unnoticed; a longer one makes the other node drop the link, and the
+# paused node wakes up still believing in it.
+PAUSES = [("owner", 2.0), ("owner", 20.0), ("old", 20.0)]
+
+
+@pytest.mark.parametrize("victim,seconds", PAUSES, ids=[f"{v}-{s:.0f}s" for v, s in PAUSES])
+def test_a_node_paused_in_the_middle_of_a_move_wakes_up_and_the_move_loses_nothing(tmp_path, victim, seconds):
+    """SIGSTOP of the node the subscription leaves (or of the one it goes to) once
+    40 % of its backlog is there, SIGCONT after `seconds`: a pause is not a crash,
+    the process wakes with its old links.  The move ends, the gate opens only after
+    it, and the client finds every message in order (a copy only where a link was
+    dropped, never more than a shovel's window)."""
+    topic, data, count = moving_topic(2, 3), tmp_path / "data", 2000
+    node = {"old": owner(f"amq.topic/{topic}", 2), "owner": owner(f"amq.topic/{topic}", 3)}[victim]
+    make_backlog(data, topic, "sub-pause", count)
+    cl = ClusterProcess(data, workers=3, weights=None).start(wait=False)
+    try:
+        cl.wait_for_log(FORTY_PERCENT.format("sub-pause"), timeout=60)
+        pid = cl.worker_pid(node)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(seconds)   # the fault's length, not a bound on the broker
+            assert "every worker is ready" not in cl.log_text(), "the gate opened while a move was stopped"
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        cl.wait_nodes(timeout=180)
+        log_text = cl.log_text()
+        assert log_text.index("durable subscription 'sub-pause' moved to node") < log_text.index("every worker is ready")
+        assert f"worker {node} exited" not in log_text, "a pause is not a crash: nothing restarts it"
+        seen = numbers_received(cl.url, topic, "sub-pause")
+    finally:
+        cl.stop()
+    check_whole(seen, count)
+    if seconds < 16:
+        assert seen == list(range(count)), "a pause the idle timeout does not see costs no copy"
+    else:
+        assert "shovel of queue 'qpidsub_/" in log_text, "a pause beyond the idle timeout drops the link"
 
 
 def test_a_subscription_whose_topic_becomes_partitioned_goes_to_every_member(tmp_path):
