@@ -85,6 +85,7 @@ class ShovelLink:
         self.tags = Tags()
         self.open = False
         self.stopped = False
+        self.refusal: str | None = None   # the owner refused one: nothing more is sent
         self.moved = 0
 
     def start(self) -> None:
@@ -107,7 +108,7 @@ class ShovelLink:
     # --- ConsumerPort
 
     def credit(self) -> int:
-        if not self.open or self.stopped:
+        if not self.open or self.stopped or self.refusal is not None:
             return 0
         return min(WINDOW - len(self.inflight), lib.pn_link_credit(self.mimpl))
 
@@ -149,8 +150,13 @@ class ShovelLink:
             self.moved += 1
             self.queue.settle(entry, Outcome.ACCEPTED)
         else:   # refused there (full, ...): it stays here and is tried again later
+            if self.refusal is None:
+                self.refusal = f"node {self.owner} did not accept a message of '{self.queue.name}'"
             self.queue.settle(entry, Outcome.RELEASED)
-            self.stop(f"node {self.owner} did not accept a message of '{self.queue.name}'")
+        if self.refusal is not None and not self.inflight:
+            # Only once every message in flight is answered: one the owner accepted
+            # after the refusal is removed here, not given back and sent twice.
+            self.stop(self.refusal)
 
     def on_peer_detach(self, closed: bool, condition: Condition | None = None) -> None:
         cond = condition or self.mirror.remote_condition

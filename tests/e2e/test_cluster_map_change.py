@@ -263,6 +263,30 @@ def test_a_node_paused_in_the_middle_of_a_move_wakes_up_and_the_move_loses_nothi
         assert "shovel of queue 'qpidsub_/" in log_text, "a pause beyond the idle timeout drops the link"
 
 
+def test_a_disk_full_in_the_middle_of_a_move_stops_it_and_it_goes_on_once_commits_pass(tmp_path):
+    """Every worker's store fails two commits with a full disk (LMDB DiskError, by count:
+    store/faults.py) while the backlog moves: a message the topic's node could not
+    commit is refused there and stays here; what was in flight behind it is answered
+    first (accepted there: removed here), then the move starts again and ends.  Nothing
+    is lost and nothing comes twice; the refused messages come after the ones accepted
+    behind them (docs/cluster.md)."""
+    topic, data, count = moving_topic(2, 3), tmp_path / "data", 2000
+    make_backlog(data, topic, "sub-full", count)
+    cl = ClusterProcess(data, workers=3, weights=None, env={"AMQPBROKER_STORE_FAULTS": "commit:DiskError@4*2"})
+    cl.start(timeout=180)
+    try:
+        log_text = cl.log_text()
+        seen = numbers_received(cl.url, topic, "sub-full")
+    finally:
+        cl.stop()
+    assert "disk full" in log_text, "the injected fault happened"
+    assert re.search(r"shovel of queue 'qpidsub_/[^']*' to node n\d stopped \(\d+ moved\): node n\d did not accept",
+                     log_text), "the refusal stopped the move, and it started again"
+    assert log_text.index("durable subscription 'sub-full' moved to node") < log_text.index("every worker is ready")
+    check_whole(seen, count)
+    assert len(seen) == count, "what the owner accepted after a refusal is not sent again"
+
+
 def test_a_subscription_whose_topic_becomes_partitioned_goes_to_every_member(tmp_path):
     """The topic spread over 2 members: a copy of the subscription on each member's
     node, its backlog with one of them; through the partitioned name the client gets
