@@ -61,6 +61,10 @@ class LiveLink:
     name: str
     action: str                # the permission its attach needed (send, consume, browse)
     address: str
+    # Further addresses its attach needed the same permission on: a producer served
+    # as a partitioned destination's member here is checked on the member too
+    # (server/refusal.py check_access), as the member's node checks a forwarded one.
+    also: tuple[str, ...] = ()
 
 
 @dataclass
@@ -223,10 +227,12 @@ def links_losing_permission(policy: AclPolicy, groups: Mapping[str, frozenset[st
     """The live links the new policy no longer allows what their attach needed."""
     out = []
     for link in links:
-        decision = policy.decide(link.user, groups.get(link.user or "", frozenset()), link.action, link.address)
-        if not decision.allowed:
+        denied = next((address for address in (link.address, *link.also)
+                       if not policy.decide(link.user, groups.get(link.user or "", frozenset()), link.action,
+                                            address).allowed), None)
+        if denied is not None:
             who = "anonymous" if AclPolicy.is_anonymous(link.user) else f"user '{link.user}'"
-            out.append((link, f"{who} is no longer allowed to {link.action} on '{link.address}' "
+            out.append((link, f"{who} is no longer allowed to {link.action} on '{denied}' "
                               f"(configuration reloaded)"))
     return out
 

@@ -397,6 +397,7 @@ class ConnectionHandler:
         producer = Producer(self, link, resolution, limits.link_credit, limits.max_message_size)
         producer.temp_node = temp_node
         producer.partition = None if here is None else here.partition
+        producer.served_as = None if here is None else here.address   # what a reload checks again too
         return producer
 
     def _attach_coordinator(self, link: Link) -> Coordinator:

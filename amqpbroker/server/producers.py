@@ -44,6 +44,7 @@ class Producer:
         # A partitioned destination's route (cluster/partitioned.py), asked of each
         # message (ClusterPort.partition_target); None: every message to `target`.
         self.partition: Any = None
+        self.served_as: str | None = None   # the member's address then (ACLs: server/reload.py)
         # The credit window starts small and grows for a producer that uses it up in
         # bursts, up to `credit` (core/credit_window.py: what a burst costs everyone's
         # latency); the flow gate may allow less (core/credit.py).

@@ -33,6 +33,7 @@ from ..security.guard import groups_from, policy_from
 from ..security.reload import (UNAUTHORIZED, LiveConnection, LiveLink, ReloadError, ReloadPlan, opens_access,
                                plan)
 from ..security.users import UserStore, users_from
+from .links import link_key
 from .terminus import read_source, read_target
 
 if TYPE_CHECKING:
@@ -169,7 +170,9 @@ class ConfigReloader:
             else:
                 need = access.producer_requirement(read_target(link.remote_target))
             if need is not None:
-                out.append(LiveLink((handler, link), handler, handler.protocol.user, name, *need))
+                member = getattr(handler.endpoints.get(link_key(link)), "served_as", None)
+                out.append(LiveLink((handler, link), handler, handler.protocol.user, name, *need,
+                                    also=(member,) if member else ()))
         return out
 
     def _queues(self) -> dict:

@@ -201,17 +201,29 @@ def test_a_move_cut_by_kill_9_goes_on_at_the_next_start_and_loses_nothing(tmp_pa
     assert seen == sorted(seen) or len(seen) > count, "in order, unless a copy came again"
 
 
+def move_under_way(tmp_path, victim: str, name: str) -> tuple[ClusterProcess, str, str, int]:
+    """`--workers 2` made subscription `name` with a 2,000-message backlog; `--workers 3`
+    has moved 40 % of it to the topic's new node: (the cluster, the topic, the node
+    `victim` names: "old" the one it leaves, "owner" the one it goes to, the count)."""
+    topic, data, count = moving_topic(2, 3), tmp_path / "data", 2000
+    node = {"old": owner(f"amq.topic/{topic}", 2), "owner": owner(f"amq.topic/{topic}", 3)}[victim]
+    make_backlog(data, topic, name, count)
+    cl = ClusterProcess(data, workers=3, weights=None).start(wait=False)
+    try:
+        cl.wait_for_log(FORTY_PERCENT.format(name), timeout=60)
+    except BaseException:
+        cl.stop()
+        raise
+    return cl, topic, node, count
+
+
 @pytest.mark.parametrize("victim", ["old", "owner"])
 def test_a_node_killed_in_the_middle_of_a_move_is_started_again_and_the_gate_waits_for_it(tmp_path, victim):
     """kill -9 of the node the subscription leaves (or of the one it goes to) while
     its backlog moves: the supervisor starts it again, the gate stays shut until the
     move is done, and the client finds every message."""
-    topic, data, count = moving_topic(2, 3), tmp_path / "data", 2000
-    node = {"old": owner(f"amq.topic/{topic}", 2), "owner": owner(f"amq.topic/{topic}", 3)}[victim]
-    make_backlog(data, topic, "sub-kill", count)
-    cl = ClusterProcess(data, workers=3, weights=None).start(wait=False)
+    cl, topic, node, count = move_under_way(tmp_path, victim, "sub-kill")
     try:
-        cl.wait_for_log(FORTY_PERCENT.format("sub-kill"), timeout=60)
         cl.kill_node(node)
         cl.wait_nodes(timeout=120)
         log_text = cl.log_text()
@@ -236,12 +248,8 @@ def test_a_node_paused_in_the_middle_of_a_move_wakes_up_and_the_move_loses_nothi
     the process wakes with its old links.  The move ends, the gate opens only after
     it, and the client finds every message in order (a copy only where a link was
     dropped, never more than a shovel's window)."""
-    topic, data, count = moving_topic(2, 3), tmp_path / "data", 2000
-    node = {"old": owner(f"amq.topic/{topic}", 2), "owner": owner(f"amq.topic/{topic}", 3)}[victim]
-    make_backlog(data, topic, "sub-pause", count)
-    cl = ClusterProcess(data, workers=3, weights=None).start(wait=False)
+    cl, topic, node, count = move_under_way(tmp_path, victim, "sub-pause")
     try:
-        cl.wait_for_log(FORTY_PERCENT.format("sub-pause"), timeout=60)
         pid = cl.worker_pid(node)
         os.kill(pid, signal.SIGSTOP)
         try:

@@ -61,6 +61,22 @@ def test_link_that_lost_its_permission_is_detached_producers_and_consumers():
                                "(configuration reloaded)")
 
 
+def test_a_producer_served_as_a_partition_member_is_checked_on_the_member_too():
+    """At attach a producer at a member's node needs `send` on the name it gave and on
+    the member its messages go to (server/refusal.py check_access); a reload that takes
+    either away detaches it, as the member's node does a forwarded one."""
+    def member_link(name):
+        return LiveLink(ref=("c1", name), connection="c1", user="alice", name=name, action="send",
+                        address="orders.eu", also=("orders.eu.p1",))
+    member_cut = settings(acl=[{"group": "orders-app", "pattern": "orders.eu", "permissions": ["send"]}])
+    p = plan(settings(), member_cut, policy_from(member_cut), [], [member_link("p")], {})
+    assert [(ln.name, why) for ln, why in p.detach] == [
+        ("p", "user 'alice' is no longer allowed to send on 'orders.eu.p1' (configuration reloaded)")]
+    both = settings(acl=[{"group": "orders-app", "pattern": "orders.eu.#", "permissions": ["send"]},
+                         {"group": "orders-app", "pattern": "orders.eu", "permissions": ["send"]}])
+    assert plan(settings(), both, policy_from(both), [], [member_link("p")], {}).detach == []
+
+
 def test_group_membership_removed_detaches():
     new = settings(users={**BASE["users"], "alice": {"password": "a", "groups": []}})
     p = plan(settings(), new, policy_from(new), [], [link("alice", "consume", "orders.eu")], {})
