@@ -96,6 +96,7 @@ class Ledger:
         self.accepted: dict[str, set[str]] = {d: set() for d in TOPICS + QUEUES}
         self.consumed: dict[str, set[str]] = {d: set() for d in TOPICS + QUEUES}
         self.final: dict[str, Counter] = {d: Counter() for d in TOPICS + QUEUES}
+        self.resent = 0   # sends in doubt (a node restarting), sent again
 
 
 def address(dest: str) -> str:
@@ -207,7 +208,7 @@ def run_walk(data, steps: list[Step]) -> tuple[Ledger, list[str], int]:
             try:
                 if i == 0:
                     subscribe_all(cl.url)
-                publish(cl.url, i, ledger)
+                ledger.resent += publish(cl.url, i, ledger)
                 consumed: dict = {}
                 take(cl.url, step.taken, step.consume, consumed)
             except Exception as exc:
@@ -262,5 +263,5 @@ def test_every_accepted_message_survives_changes_of_the_map_under_a_nemesis(tmp_
     problems = check(ledger, logs, kills, faults)
     total = sum(len(a) for a in ledger.accepted.values())
     assert total == PER_STEP * len(TOPICS + QUEUES) * len(steps), "every send was answered Accepted"
-    assert not problems, f"seed {seed}:\n{plan}\n" + "\n".join(problems)
+    assert not problems, f"seed {seed} ({ledger.resent} send(s) repeated):\n{plan}\n" + "\n".join(problems)
     assert any(ledger.final.values()), "the walk left messages to read at the end"
