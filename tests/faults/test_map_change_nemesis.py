@@ -54,6 +54,7 @@ PAD = b"x" * 4000
 WINDOW = 256             # a shovel's window (cluster/shovel.py): the most copies one fault can cost
 # A pause the inter-node idle timeout (cluster/peer.py, 16 s) does not see, and one it does.
 PAUSES = (1.0, 4.0, 20.0)
+WAIT_MISSING = 30.0      # seconds without a delivery before a reader with messages missing gives up
 
 
 @dataclass(frozen=True)
@@ -141,15 +142,17 @@ def publish(url: str, step: int, ledger: Ledger) -> int:
     return again
 
 
-def take(url: str, dest: str, limit: int | None, into: dict) -> None:
+def take(url: str, dest: str, limit: int | None, into: dict, expect: frozenset = frozenset()) -> None:
     """Up to `limit` messages of `dest` (None: to the bottom), each settled Accepted
-    and counted in `into`."""
+    and counted in `into`.  While some of `expect` has not come, a quiet spell of
+    WAIT_MISSING is needed to give up (a busy machine is slow, not empty); then one
+    of a second ends it."""
     conn = connect(url, container_id=CONTAINER)
     rcv = open_reader(conn, dest, 100 if limit is None else max(limit, 1))
     got = 0
     while limit is None or got < limit:
         try:
-            msg, dlv = fetch(conn, rcv, 3.0)
+            msg, dlv = fetch(conn, rcv, WAIT_MISSING if not expect <= into.keys() else 1.0)
         except Timeout:
             break
         tag = bytes(msg.body[:-len(PAD)]).decode()
@@ -224,7 +227,7 @@ def run_walk(data, steps: list[Step]) -> tuple[Ledger, list[str], int]:
         cl = ClusterProcess(data, workers=last.workers, weights=last.weights).start(timeout=240)
         for dest in TOPICS + QUEUES:
             got: dict = {}
-            take(cl.url, dest, None, got)
+            take(cl.url, dest, None, got, frozenset(ledger.accepted[dest] - ledger.consumed[dest]))
             ledger.final[dest].update(got)
         cl.stop()
         logs.append(cl.log_text())
