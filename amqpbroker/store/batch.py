@@ -110,9 +110,9 @@ class Batch:
         self.marks[queue_id] = seq
 
     def put_meta(self, action: str, db: str, key: bytes, value: bytes | None) -> None:
-        """`action`: "put" (an entity: left out when the store is full), "set" (state
-        that must follow what the broker did, as removals must: kept by fail() and
-        removals_only()), "del", "drop-queue-entries"."""
+        """`action`: "put" (an entity record), "set" (state that must follow what the
+        broker did, as removals must), "del", "drop-queue-entries"; fail() and
+        removals_only() keep them all: the broker has applied them in memory."""
         self.ops += 1
         self.meta.append((action, db, key, value))
 
@@ -178,13 +178,17 @@ class Batch:
     # ---- applying (writer thread)
 
     def removals_only(self) -> "Batch":
-        """This batch without what takes space: new entries, messages, entity writes."""
+        """This batch without what takes space: its new entries and messages (their
+        producers are told the batch failed).  Entity records stay: the broker made
+        those queues, bindings and subscriptions in memory, so messages it accepts
+        later are stored under them; without their records a restart would drop
+        those messages."""
         out = Batch()
         new = set(self.new_keys)
         out.entry_dels = self.entry_dels
         out.entry_puts = {k: v for k, v in self.entry_puts.items() if k not in new}
         out.msg_dels = self.msg_dels
-        out.meta = [op for op in self.meta if op[0] != "put"]
+        out.meta = list(self.meta)
         out.marks = self.marks
         return out
 

@@ -252,6 +252,10 @@ class WriterChannel:
         error = None
         if kind == "full":
             error = StoreFull(text)
+            # Probed like any failure: with nothing else to write (its producers are
+            # refused at the door), no later commit would ever tell that there is
+            # room again, and durable messages would stay refused for good.
+            self._degrade(f"a commit found the store full: {text}")
         elif kind is not None:
             error = StoreFault(f"commit failed in the store writer process: {text}")
             self._degrade(str(error))

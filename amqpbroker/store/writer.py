@@ -184,6 +184,10 @@ class Writer:
         # Only now may a dead writer's pin on an earlier checkpoint go.
         self.env.reader_check()
         self.full = False
+        # What a failed commit must still write and could not (its removals commit
+        # failed too): applied first, in the same transaction, by the next commit, so
+        # nothing that comes after it is ever on disk without it.
+        self.carry: list[Batch] = []
 
     def commit(self, batches: list[Batch], frames: list[bytes]) -> tuple[str | None, str | None]:
         """Apply the batches, in hand-over order, in one transaction, and journal their
@@ -194,6 +198,10 @@ class Writer:
         reported.  A journal that cannot be written raises: nothing may be reported
         then (main exits, the broker replays every batch not reported committed to a
         new writer)."""
+        if self.carry:
+            batches = self.carry + batches
+            frames = [frame(("batch", -1, batch_fields(b))) for b in self.carry] + frames
+            self.carry = []   # in this transaction now; a failure carries them again
         payload = b"".join(frames)
         early = self.journal.fits(len(payload))   # else a checkpoint after the transaction (log)
         if early:
@@ -285,14 +293,20 @@ class Writer:
         """The batches do not fit: still commit what they remove (acknowledged entries,
         dropped messages, deleted entities) and the updates of entries already stored.
         The broker already forgot those; losing them would leak the space (the store
-        would stay full) and bring acknowledged messages back after a restart."""
+        would stay full) and bring acknowledged messages back after a restart.  Its
+        entity records too: the broker made those queues, bindings and subscriptions
+        in memory, and what it accepts next refers to them.  When even this fails,
+        the next commit writes it first (`carry`)."""
+        removals: list[Batch] = []
         try:
             removals = [batch.removals_only() for batch in batches]
             with self.env.begin(write=True) as txn:
                 for batch in removals:
                     batch.apply(txn, self.dbs)
         except Exception as exc:
-            log.error("store: the removals of a batch that was not committed failed too: %s", exc)
+            log.error("store: the removals and entity records of a batch that was not committed failed too "
+                      "(written with the next commit): %s", exc)
+            self.carry = removals
             return
         self.log(b"".join(frame(("batch", -1, batch_fields(b))) for b in removals))
 

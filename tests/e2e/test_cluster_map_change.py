@@ -298,6 +298,31 @@ def test_a_disk_full_in_the_middle_of_a_move_stops_it_and_it_goes_on_once_commit
     assert len(seen) == count, "what the owner accepted after a refusal is not sent again"
 
 
+@pytest.mark.parametrize("spec", ["commit:DiskError@1*1", "commit:DiskError@2*1"])
+def test_a_move_that_met_a_full_disk_is_whole_after_a_restart(tmp_path, spec):
+    """A commit that fails at the topic's node early in a move (by count: the moved
+    subscription's own record, or the first messages) and a restart: every message
+    is there.  Before, when the failed commit held the subscription's record, the
+    node kept the subscription in memory only, took the whole backlog into it and the
+    old node deleted its copy: the restart found log records nobody owed and dropped
+    all of them (store/batch.py removals_only now writes a failed batch's entity
+    records)."""
+    topic, data, count = moving_topic(2, 3), tmp_path / "data", 300
+    make_backlog(data, topic, "sub-full", count)
+    cl = ClusterProcess(data, workers=3, weights=None, env={"AMQPBROKER_STORE_FAULTS": spec})
+    cl.start(timeout=180)
+    try:
+        assert "disk full" in cl.log_text(), "the injected fault happened"
+    finally:
+        cl.stop()
+    cl = ClusterProcess(data, workers=3, weights=None).start()
+    try:
+        seen = numbers_received(cl.url, topic, "sub-full")
+    finally:
+        cl.stop()
+    check_whole(seen, count)
+
+
 def test_a_subscription_whose_topic_becomes_partitioned_goes_to_every_member(tmp_path):
     """The topic spread over 2 members: a copy of the subscription on each member's
     node, its backlog with one of them; through the partitioned name the client gets

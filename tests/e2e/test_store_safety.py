@@ -269,3 +269,113 @@ def test_an_injected_store_fault_loses_no_accepted_message(broker_factory, spec)
     assert not a.lost, f"{spec}: accepted messages lost: {a.problems()}"
     assert a.ok, f"{spec}: {a.problems()}"
     assert a.recovered == len(both.accepted)
+
+
+# ---------------------------------------------------------------------- an entity made in a failed batch
+
+# The writer's second commit fails (a full disk, by count); in a fresh broker that is the
+# batch the test's first attach makes (checked: the failure must come after the attach).
+ENTITY_FAULT = {"AMQPBROKER_STORE_FAULTS": "commit:DiskError@1*1"}
+FAILED_COMMIT = r"store commit of \d+ batch\(es\) failed: disk full"
+
+
+def failed_after(b: BrokerProcess, mark: int) -> None:
+    """The injected failure came after `mark` (the log's length before the attach);
+    durable messages are refused until a batch goes through again (`send_all`)."""
+    deadline = time.monotonic() + 30
+    while not re.search(FAILED_COMMIT, b.log_text()[mark:]):
+        assert not re.search(FAILED_COMMIT, b.log_text()[:mark]), "the fault fired before the attach"
+        assert time.monotonic() < deadline, "no failed commit after the attach"
+        time.sleep(0.05)
+
+
+def send_all(snd, count: int) -> list[int]:
+    """`count` durable messages, each sent again while the store refuses it
+    (`resource-limit-exceeded` just after the full disk); the refusals per message."""
+    from proton import Message
+    from proton.utils import SendException
+    refused = []
+    for i in range(count):
+        tries = 0
+        while True:
+            try:
+                snd.send(Message(body=i, durable=True))
+                break
+            except SendException:
+                tries += 1
+                assert tries < 100, f"message {i} refused {tries} times: the store did not recover"
+                time.sleep(0.1)
+        refused.append(tries)
+    return refused
+
+
+def test_a_queue_declared_in_a_failed_commit_keeps_every_message_accepted_into_it_after(broker_factory):
+    """A producer's attach declares a new queue; the batch with its record fails.  The
+    broker goes on with the queue in memory, so the messages it then accepts must
+    not depend on that record: it is still written (store/batch.py removals_only).
+    Before, all of them were gone after a restart (entries of a queue the store did
+    not know)."""
+    from tests.client import connect
+    b = broker_factory(env=ENTITY_FAULT)
+    q = uniq("declared")
+    mark = len(b.log_text())
+    conn = connect(b.url)
+    snd = conn.create_sender(q)
+    failed_after(b, mark)
+    refused = send_all(snd, 50)
+    conn.close()
+    b.kill()
+    b.start()
+    assert sorted(body for body, _ in drain_bodies(b.url, q)) == list(range(50)), f"refused {refused}"
+
+
+def test_a_durable_subscription_made_in_a_failed_commit_keeps_what_it_accepts_after(broker_factory):
+    """The attach that makes a durable subscription is refused when its batch fails
+    (`resource-limit-exceeded`), but the broker keeps the subscription; the client
+    attaches again and finds it.  Every message then accepted for it is there after a
+    restart (before: none, its record was never written)."""
+    from proton.utils import LinkDetached
+    from tests.client import connect
+    from tests.e2e.jms_links import durable_consumer
+    b = broker_factory(env=ENTITY_FAULT)
+    topic, name = uniq("topic"), uniq("sub")
+    mark = len(b.log_text())
+    conn = connect(b.url, container_id="entity-app")
+    with pytest.raises(LinkDetached, match="subscription could not be stored"):
+        durable_consumer(conn, topic, name)
+    failed_after(b, mark)
+    conn.close()
+    conn = connect(b.url, container_id="entity-app")
+    durable_consumer(conn, topic, name).detach()
+    pub = conn.create_sender(f"amq.topic/{topic}")
+    send_all(pub, 50)
+    conn.close()
+    b.kill()
+    b.start()
+    conn = connect(b.url, container_id="entity-app")
+    rcv = durable_consumer(conn, topic, name, credit=100)
+    got = []
+    while True:
+        try:
+            got.append(rcv.receive(timeout=3).body)
+        except Exception:
+            break
+        rcv.accept()
+    conn.close()
+    assert sorted(got) == list(range(50))
+
+
+def drain_bodies(url: str, address: str) -> list[tuple[object, int]]:
+    from tests.client import connect
+    conn = connect(url)
+    rcv = conn.create_receiver(address, credit=100)
+    out = []
+    while True:
+        try:
+            msg = rcv.receive(timeout=3)
+        except Exception:
+            break
+        out.append((msg.body, msg.delivery_count))
+        rcv.accept()
+    conn.close()
+    return out

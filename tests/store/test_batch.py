@@ -68,7 +68,10 @@ def test_a_live_entry_is_written_as_it_is_at_hand_over():
     assert b.entry_new == {} and set(b.new_keys) == {key(4, 1), key(4, 2)}
 
 
-def test_removals_only_keeps_what_frees_space():
+def test_removals_only_keeps_all_but_what_the_batch_adds():
+    """A failed commit still writes removals, updates and entity records (the broker
+    applied them in memory: a queue declared in a failed batch holds the messages it
+    accepts next, which a restart would drop without its record)."""
     b = Batch()
     b.put_message(1, b"new")
     b.put_entry(1, EntryRecord(1, 1, 0))
@@ -81,7 +84,7 @@ def test_removals_only_keeps_what_frees_space():
     r = b.removals_only()
     assert r.msg_puts == {} and r.msg_dels == {U64.pack(9)}
     assert set(r.entry_puts) == {key(1, 7)} and r.entry_dels == {key(2, 4)}
-    assert r.meta == [("del", "bindings", b"x", None)]
+    assert r.meta == [("put", "queues", b"q", b"{}"), ("del", "bindings", b"x", None)]
 
 
 def test_a_failed_batch_turns_what_it_adds_into_deletes_and_keeps_the_rest():
@@ -135,13 +138,13 @@ def test_live_state_is_encoded_once_at_seal_as_it_is_then():
     assert b.meta == [("set", "cursors", b"k1", b"last"), ("del", "cursors", b"k2", None)]
 
 
-def test_set_records_are_kept_by_a_failed_or_full_batch_and_put_ones_are_not():
+def test_entity_and_set_records_are_kept_by_a_failed_or_full_batch():
     b = Batch()
     b.put_meta("put", "queues", b"q", b"{}")
     b.put_meta("set", "routes", b"r", b"[]")
     b.put_live("cursors", b"c", _Live(b"cursor"))
     b.seal()
-    assert [op[0] for op in b.removals_only().meta] == ["set", "set"]
+    assert [op[0] for op in b.removals_only().meta] == ["put", "set", "set"]
     b.fail(RuntimeError("x"))
     assert [op[0] for op in b.meta] == ["put", "set", "set"]   # fail() keeps entity records as before
 

@@ -241,6 +241,54 @@ def test_records_after_a_taken_back_one_are_applied(store_dir):
     assert stored(store_dir) == {3: b"after" * 50}
 
 
+def queue_records(path, env=None) -> set[bytes]:
+    own = env is None
+    env = env or lmdb.open(str(path), max_dbs=16, readonly=True, lock=False)
+    try:
+        with env.begin() as txn:
+            return {bytes(k) for k, _ in txn.cursor(db=env.open_db(b"queues", txn=txn, create=False))}
+    finally:
+        if own:
+            env.close()
+
+
+def test_what_a_failed_commit_must_still_write_goes_into_the_next_commit_when_it_cannot_at_once(
+        store_dir, monkeypatch):
+    """A failed commit still writes its removals and entity records (the broker made
+    that queue in memory, and stores what it accepts next under it).  When that
+    write fails too (the disk still full), the next commit applies it first, in the
+    same transaction and journal record: nothing after it is ever on disk without it."""
+    w = writer_proc.Writer(str(store_dir), MAP, MAP, faults=Faults.parse("commit:DiskError@1*1"))
+    at_checkpoint = (store_dir / "data.mdb").read_bytes()
+    commit(w, batch({1: b"before" * 50}))
+    failed = Batch()
+    failed.put_message(2, b"refused" * 50)
+    failed.put_entry(1, EntryRecord(2, 2, 0))
+    failed.drop_message(1)
+    failed.delete_entry(1, 1)
+    failed.put_meta("put", "queues", b"made-in-memory", b"{}")
+    failed.seal()
+    real_apply, fail_next = Batch.apply, [True]
+
+    def apply(self, txn, dbs):   # the removals' own transaction fails once (inside the commit's is the fault)
+        if fail_next[0]:
+            fail_next[0] = False
+            raise lmdb.DiskError("still full")
+        real_apply(self, txn, dbs)
+
+    monkeypatch.setattr(Batch, "apply", apply)
+    assert w.commit([failed], [writer_proc.frame(("batch", 1, writer_proc.batch_fields(failed)))])[0] == "full"
+    assert len(w.carry) == 1 and queue_records(store_dir, w.env) == set()
+    commit(w, batch({3: b"after" * 50}))
+    assert w.carry == []
+    assert stored(store_dir, w.env) == {3: b"after" * 50}
+    assert queue_records(store_dir, w.env) == {b"made-in-memory"}
+    crash(w, store_dir, at_checkpoint)
+    writer_proc.recover(store_dir)
+    assert stored(store_dir) == {3: b"after" * 50}
+    assert queue_records(store_dir) == {b"made-in-memory"}
+
+
 def test_store_check_applies_what_a_crash_left_in_the_journal_first(store_dir):
     """`amqpbroker store check` on a stopped broker's store looks at it as the broker's
     next start would: with the journal applied."""
