@@ -202,9 +202,13 @@ class SubscriptionMoves:
 
         def committed(error: BaseException | None) -> None:
             if error is not None:
-                log.error("durable subscription '%s' moved, not deleted here: %s", p.sub.key.name, error)
-                self._fail(RuntimeError(f"store: {error}"))
-                return
+                # The deletion (and this node's member copy) are removals and entity
+                # records, which a failed batch still writes, or the writer's next
+                # commit does (store/writer.py `carry`); lost only with the writer too,
+                # a later start finds the subscription on both nodes and moves what is
+                # left (at least once).
+                log.warning("durable subscription '%s' moved; the commit that deletes it here failed (%s): "
+                            "written with the next one", p.sub.key.name, error)
             self.pending.pop(name, None)
             if not self.pending and not self.done.done():
                 self.done.set_result(None)

@@ -7,10 +7,12 @@ to 2 workers: a store no worker runs drains into the others).  At every start, w
 the start gate is shut and queues and durable subscriptions move to their new nodes,
 the nemesis does one thing drawn from the seed: nothing, kill -9 of one worker (the
 supervisor starts it again), SIGSTOP of one worker for a time on either side of the
-inter-node idle timeout, or kill -9 of the whole cluster (started again on the same
-map).  Once every node serves, durable messages are published to three topics (each
-with a durable subscription) and two queues, each one sent until Accepted, and a few
-are consumed; the cluster then stops cleanly or is killed -9.
+inter-node idle timeout, kill -9 of the whole cluster (started again on the same
+map), or a full disk (every worker's store fails one commit, by count: a moved
+subscription's record, moved messages, a deletion).  Once every node serves, durable
+messages are published to three topics (each with a durable subscription) and two
+queues, each one sent again until Accepted, and a few are consumed; the cluster then
+stops cleanly or is killed -9.
 
 At the end every destination is read to the bottom, and the checker holds: every
 message a producer was told Accepted and nobody consumed is there (copies allowed,
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 
 import pytest
 from proton import ConnectionException, Delivery, LinkException, Message, Timeout
+from proton.utils import SendException
 
 
 from tests.client import connect
@@ -61,17 +64,19 @@ WAIT_MISSING = 30.0      # seconds without a delivery before a reader with messa
 class Step:
     workers: int
     weights: str | None
-    fault: str           # none | kill-node | pause | kill-all
+    fault: str           # none | kill-node | pause | kill-all | disk-full
     node: str            # the fault's worker
     delay: float         # seconds after the start before the fault
     pause: float         # a pause's length
     ending: str          # stop | kill-all: how the cluster ends after its traffic
     consume: int         # messages consumed from `taken` after publishing
     taken: str           # the destination they are consumed from
+    full_at: int         # disk-full: each worker's store fails its commit after this many (store/faults.py)
 
     def describe(self) -> str:
         what = {"none": "no fault", "kill-node": f"kill -9 {self.node}", "kill-all": "kill -9 of the cluster",
-                "pause": f"SIGSTOP {self.node} for {self.pause:.0f} s"}[self.fault]
+                "pause": f"SIGSTOP {self.node} for {self.pause:.0f} s",
+                "disk-full": f"every worker's commit {self.full_at + 1} fails (disk full)"}[self.fault]
         return (f"--workers {self.workers} weights {self.weights or 'equal'}: {what} after {self.delay:.1f} s, "
                 f"{self.consume} consumed from {self.taken}, then {self.ending}")
 
@@ -83,10 +88,11 @@ def schedule(seed: int, steps: int) -> list[Step]:
     for i in range(steps):
         choices = [m for m in MAPS if m != previous] if i else [MAPS[0]]
         workers, weights = previous = rng.choice(choices)
-        fault = "none" if i == 0 else rng.choices(["none", "kill-node", "pause", "kill-all"], [1, 2, 2, 1])[0]
+        fault = "none" if i == 0 else rng.choices(["none", "kill-node", "pause", "kill-all", "disk-full"],
+                                                  [1, 2, 2, 1, 2])[0]
         out.append(Step(workers, weights, fault, f"n{rng.randrange(workers)}", rng.uniform(0.0, 1.5),
                         rng.choice(PAUSES), rng.choice(["stop", "stop", "kill-all"]), rng.randrange(0, 40),
-                        rng.choice(TOPICS + QUEUES)))
+                        rng.choice(TOPICS + QUEUES), rng.randrange(1, 8)))
     return out
 
 
@@ -134,7 +140,7 @@ def publish(url: str, step: int, ledger: Ledger) -> int:
                     ledger.accepted[dest].add(tag)
                     i += 1
                 conn.close()
-            except (ConnectionException, LinkException, Timeout) as exc:   # in doubt: sent again
+            except (ConnectionException, LinkException, SendException, Timeout) as exc:   # sent again
                 tries += 1
                 again += 1
                 assert tries < 120, f"{dest}: no send accepted after {tries} tries: {exc}"
@@ -194,7 +200,7 @@ def inflict(cl: ClusterProcess, step: Step) -> int:
     return 0
 
 
-UNEXPECTED = re.compile(r"Traceback|error handling event|refused durable subscription|not deleted here")
+UNEXPECTED = re.compile(r"Traceback|error handling event|refused durable subscription")
 
 
 def run_walk(data, steps: list[Step]) -> tuple[Ledger, list[str], int]:
@@ -202,7 +208,9 @@ def run_walk(data, steps: list[Step]) -> tuple[Ledger, list[str], int]:
     cl = None
     try:
         for i, step in enumerate(steps):
-            cl = ClusterProcess(data, workers=step.workers, weights=step.weights).start(wait=False)
+            env = {"AMQPBROKER_STORE_FAULTS": f"commit:DiskError@{step.full_at}*1"} \
+                if step.fault == "disk-full" else None
+            cl = ClusterProcess(data, workers=step.workers, weights=step.weights, env=env).start(wait=False)
             kills += inflict(cl, step)
             if step.fault == "kill-all":
                 logs.append(cl.log_text())
