@@ -262,7 +262,7 @@ class WriterChannel:
         self._map_full = full
         self.full = full or self.degraded is not None
         whole = self._committed(number, error, defer)   # first: nothing below may keep callbacks back
-        if whole and self.degraded is not None:
+        if whole and self.degraded is not None and not full:   # still full: the probes go on
             self._recover()
         self.commits += 1
         self.last_batch_ops = ops
