@@ -293,7 +293,7 @@ class Router:
         if shape.consumer and isinstance(placed, (Forward, Local, Partitioned)):
             check = self._subscription_check(handler, link, placed)
             if check is not None:
-                return self._guarded(handler, link, placed, *check)
+                return self._guarded(handler, link, shape, placed, *check)
         if isinstance(placed, Forward):
             return self._forward(handler, link, [placed.node])
         if isinstance(placed, Refuse):
@@ -389,8 +389,7 @@ class Router:
         sub = registry.subscriptions.get(SubscriptionKey(namespace, name, True))
         if sub is None:
             return
-        b = sub.binding
-        if not replaces((f"{b.exchange}/{b.key}", False), (source.address, source.has(CAP_TOPIC)),
+        if not replaces((held_as(sub).topic, False), (source.address, source.has(CAP_TOPIC)),
                         self.slots, self.exchanges):
             log.error("durable subscription '%s' of this topic is held here, not by the topic's node: not "
                       "replaced (a change of the cluster's map is not finished)", name)
@@ -403,7 +402,8 @@ class Router:
         log.info("durable subscription '%s' deleted here: attached again under a topic of another node", name)
         registry.delete(sub)
 
-    def _guarded(self, handler: Any, link: Any, placed: Any, others: list[str], durable: bool) -> Any:
+    def _guarded(self, handler: Any, link: Any, shape: LinkShape, placed: Any, others: list[str],
+                 durable: bool) -> Any:
         """Ask the other nodes first (cluster/guard.py); then attach at the owner:
         this node (in-process, as alone: guard.LocalAttach), another node, or every
         member of a partitioned topic."""
@@ -422,8 +422,6 @@ class Router:
                 fwd.refuse_client(refusal)
             else:
                 fwd.start()
-
-        shape = self._shape(link)
 
         def same_topic(found: Any) -> bool:
             src = read_source(found)
