@@ -160,19 +160,17 @@ class Batch:
         self.error = error
 
     def abandon(self, error: BaseException) -> None:
-        """fail() when even that cannot allocate: write nothing at all (removals of
-        this batch are lost: those messages come back after a restart, as
-        duplicates, never as losses).  Allocates nothing."""
+        """fail() when even that cannot allocate: write only what was recorded as a
+        removal or an entity record before it (both applied in memory already), never
+        a new entry, message or update (fail() may have stopped half-way through
+        moving them).  Entity records above all stay: the broker made those queues,
+        bindings and subscriptions, and what it accepts next is stored under them.
+        Cursor state sealed later (`live`) and updates are lost: those messages come
+        back after a restart, as duplicates, never as losses.  Allocates nothing."""
         self.entry_new.clear()
         self.entry_puts.clear()
-        self.entry_dels.clear()
         self.msg_puts.clear()
-        self.msg_dels.clear()
-        self.meta.clear()
-        self.marks.clear()
-        self.live.clear()
-        self.last_seq.clear()
-        self.max_msg_id = 0
+        self.live.clear()   # (the high-water marks stay, as fail() keeps them: ids never go back)
         self.error = error
 
     # ---- applying (writer thread)

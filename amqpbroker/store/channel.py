@@ -286,14 +286,38 @@ class WriterChannel:
         way to the disk works again (a failed batch's leftovers prove nothing)."""
         inflight = self._inflight
         whole = False
+        if error is None:   # their leftovers are on the disk now (first in this commit, if carried)
+            self._carried = [e for e in self._carried if e[0] > number]
         while inflight and inflight[0][0] <= number:
             n, batch = inflight.popleft()
             whole = whole or (batch.error is None and n >= self._degraded_at)
+            if error is not None:
+                self._carry((n, batch), error)
         self.committed_upto = max(self.committed_upto, number)
         if self.replica is not None and error is None:   # HA: callbacks wait for the backup's commit too
             number = self.replica.gate(number)
         self._settle_ready(number, error, defer)
         return whole and error is None
+
+    def _carry(self, entry: tuple[int, Batch], error: BaseException) -> None:
+        """A batch the writer failed: what it must still write (its removals, its
+        entity records) may now live in that writer's memory only, until its next
+        commit (store/writer.py `carry`).  Kept here, as fail() leaves it, until a
+        commit after it succeeds: a writer lost before that takes the carry with it,
+        and the new one must get it first, or what the broker stores next under an
+        entity made in that batch would be on disk without the entity's record."""
+        batch = entry[1]
+        if batch.error is None:
+            try:
+                batch.fail(error)
+            except Exception:
+                batch.abandon(error)
+        self._carried.append(entry)
+
+    def _replay(self) -> None:
+        """A new writer: every batch not reported committed, after what failed
+        commits must still write (`_carried`), in hand-over order."""
+        self._unsent = deque(self._carried + list(self._inflight))
 
     def replica_committed(self) -> None:
         """HA: the backup acknowledged batches (or the live broker stopped waiting for
@@ -385,7 +409,7 @@ class WriterChannel:
             else:
                 log.error("store writer process lost (%s); a new one replays %d uncommitted batch(es)",
                           exc, len(self._inflight))
-                self._unsent = deque(self._inflight)
+                self._replay()
                 self._pump()
                 return
         self._writer_down(exc)
@@ -420,7 +444,7 @@ class WriterChannel:
             return
         log.warning("store at %s: a new store writer process started (%d batch(es) to write)",
                     self.path, len(self._inflight))
-        self._unsent = deque(self._inflight)
+        self._replay()
         self._pump()
 
     def _degrade(self, reason: str, quiet: bool = False) -> None:

@@ -13,6 +13,8 @@ points   where the error is raised
   pipe-write    broker: writing a frame to the writer's pipe (nothing of it written)
   results       broker: reading the writer's result pipe
   commit        writer process: inside the write transaction, before any write
+  removals      writer process: writing what a failed commit must still write (its
+                removals and entity records; when it fails they go with the next commit)
   journal       writer process: journaling a commit (its record is written just before
                 the LMDB transaction, its fdatasync after it: store/journal.py)
   checkpoint    writer process: a checkpoint (LMDB synced, the journal started afresh)
@@ -38,7 +40,7 @@ from dataclasses import dataclass
 log = logging.getLogger("amqpbroker.store.faults")
 
 ENV = "AMQPBROKER_STORE_FAULTS"
-POINTS = ("seal", "encode", "pipe-write", "results", "commit", "journal", "checkpoint", "result-write")
+POINTS = ("seal", "encode", "pipe-write", "results", "commit", "removals", "journal", "checkpoint", "result-write")
 _SPEC = re.compile(r"^(?P<point>[a-z-]+)(?::(?P<error>[A-Za-z]+))?(?:@(?P<after>\d+))?(?:\*(?P<times>\d+|inf))?$")
 
 

@@ -90,6 +90,10 @@ class LmdbStore(WriterChannel, LmdbReads, Store):
         self._inflight: deque[tuple[int, Batch]] = deque()   # handed over, not committed yet
         self._unsent: deque[tuple[int, Batch]] = deque()     # of those, not framed yet (a tail)
         self._waiting: deque[tuple[int, Batch]] = deque()    # callbacks not run yet, in order
+        # Batches whose commit failed, as fail() left them, until a later commit: the
+        # writer may hold their removals and entity records for its next commit
+        # (store/writer.py `carry`); a new writer gets them first (store/channel.py).
+        self._carried: list[tuple[int, Batch]] = []
         self._outbox = Outbox(faults=self._faults)           # framed, not in the pipe yet
         self._writing = False                   # add_writer armed on the pipe
         self._results = bytearray()

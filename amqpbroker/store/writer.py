@@ -300,6 +300,8 @@ class Writer:
         removals: list[Batch] = []
         try:
             removals = [batch.removals_only() for batch in batches]
+            if self.faults is not None:
+                self.faults.check("removals")
             with self.env.begin(write=True) as txn:
                 for batch in removals:
                     batch.apply(txn, self.dbs)
@@ -407,6 +409,11 @@ def serve(writer: Writer, fd_in: int, fd_out: int) -> None:
             release_at = started + MAP_RELEASE_INTERVAL
             touched = False
             release_map(writer.path)
+    if writer.carry:   # a clean stop: what a failed commit must still write goes first
+        kind, text = writer.commit([], [])
+        if kind is not None:
+            log.error("store: the removals and entity records of a failed commit could not be written "
+                      "before stopping: %s", text)
     writer.close()
 
 

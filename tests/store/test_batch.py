@@ -111,8 +111,34 @@ def test_a_failed_batch_turns_what_it_adds_into_deletes_and_keeps_the_rest():
         assert b.msg_puts == {} and b.msg_dels == {U64.pack(9), U64.pack(1)}
         assert b.meta == [("put", "queues", b"q", b"{}")]
         assert b.last_seq == {1: 1}, "the sequence high-water mark still goes: sequences never go back"
-    b.abandon(error)
-    assert not (b.entry_puts or b.entry_dels or b.msg_dels or b.meta) and b.error is error
+
+
+def test_an_abandoned_batch_writes_its_removals_and_entity_records_and_nothing_it_adds():
+    """abandon(): fail() could not finish (no memory), maybe half-way through moving new
+    entries to deletes.  Nothing new may be written (its producers are told it
+    failed), but the entity records must be: the broker made that queue in memory
+    and stores what it accepts next under it (without its record a restart drops
+    those messages).  Removals stay too; a lost update only brings a duplicate."""
+    for sealed in (False, True):
+        b = Batch()
+        b.put_message(1, b"new")
+        b.put_entry(1, EntryRecord(1, 1, 0))
+        b.update_entry(1, EntryRecord(7, 3, 1, True))
+        b.delete_entry(2, 4)
+        b.drop_message(9)
+        b.put_meta("put", "queues", b"q", b"{}")
+        b.put_live("cursors", b"c", _Live(b"cursor"))
+        if sealed:
+            b.seal()
+        error = MemoryError("no")
+        b.abandon(error)
+        assert b.error is error
+        assert b.entry_new == {} and b.entry_puts == {} and b.msg_puts == {} and b.live == {}
+        assert b.entry_dels == {key(2, 4)} and b.msg_dels == {U64.pack(9)}
+        assert ("put", "queues", b"q", b"{}") in b.meta
+        assert b.last_seq == {1: 1} and b.max_msg_id == 1, "ids and sequences never go back"
+        r = b.removals_only()
+        assert r.meta[0] == ("put", "queues", b"q", b"{}") and r.entry_puts == {}
 
 
 class _Live:

@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from amqpbroker.store.base import StoreFault
+from amqpbroker.store.base import StoreFault, StoreFull
 from amqpbroker.store.faults import ENV, Faults, FaultSpecError
-from tests.store.helpers import commit, put
+from tests.store.helpers import close, commit, put, queue_record, reopen
 
 STORE_LOG = "amqpbroker.store"
 
@@ -216,6 +216,55 @@ def test_a_commit_that_fails_in_the_writer_is_reported_and_its_removals_still_co
         assert_only_the_removal_reached_the_disk(store, kept, new)
     finally:
         store.close()
+
+
+def _fail_with_a_queue_made_in_the_batch(store, loop):
+    """A batch that makes queue 5 (its record), acknowledges a stored message and adds
+    one: its commit fails and so does the write of its leftovers (the disk still
+    full), so the writer carries them to its next commit."""
+    kept = put(store, 1, 1, b"acknowledged in the failed batch")
+    assert commit(loop, store) is None
+    store.save_queue(queue_record("made-in-the-failed-batch", 5))
+    store.delete_entry(1, 1)
+    store.drop_message(kept)
+    put(store, 1, 2, b"refused")
+    assert isinstance(commit(loop, store), StoreFull)
+    timer = store._timers.pop("probe", None)   # no probe commit: the carry stays in the writer for now
+    if timer is not None:
+        timer.cancel()
+    return kept
+
+
+@pytest.mark.parametrize("then", ["writer killed", "clean stop"])
+def test_what_a_failed_commit_still_had_to_write_survives_the_writer(tmp_path, loop, monkeypatch, caplog,
+                                                                     then):
+    """A failed commit whose removals and entity records could not be written either
+    leaves them in the writer's memory until its next commit.  A writer killed before
+    that (out of memory, by hand) took them with it: the new writer committed what the
+    broker stored next under queue 5, without queue 5's record, and a restart dropped
+    it.  The broker keeps such batches until a later commit and replays them first;
+    a writer told to stop writes them before it closes the store."""
+    caplog.set_level(logging.INFO, STORE_LOG)
+    monkeypatch.setenv(ENV, "commit:DiskError@1*1,removals:DiskError@0*1")
+    from amqpbroker.store.lmdb_store import LmdbStore
+    store = LmdbStore(tmp_path / "store")
+    store.open(loop)
+    try:
+        kept = _fail_with_a_queue_made_in_the_batch(store, loop)
+        if then == "writer killed":
+            first = store._writer.pid
+            os.kill(first, signal.SIGKILL)
+            run_until(loop, lambda: store._writer is not None and store._writer.pid != first)
+            stored = put(store, 5, 1, b"accepted under queue 5")
+            assert commit(loop, store) is None
+        store, snap = reopen(loop, store)
+        assert "made-in-the-failed-batch" in [q.name for q in snap.queues]
+        assert store.read_message(kept) is None, "the acknowledgement reached the disk"
+        if then == "writer killed":
+            assert [r.seq for r in store.read_entries(5, 0, 10)] == [1]
+            assert store.read_message(stored) == b"accepted under queue 5"
+    finally:
+        close(loop, store)
 
 
 def test_a_result_the_writer_cannot_write_back_is_replayed_not_lost(tmp_path, loop, monkeypatch, caplog):
