@@ -30,7 +30,7 @@ from proton import Condition, Link
 from ..core.placement import UNAVAILABLE
 from ..core.settlement import LinkEnding
 from ..server.refusal import detach_with_condition
-from ..server.links import LATE_OUTCOME_WINDOW, link_credit
+from ..server.links import LATE_OUTCOME_WINDOW, flow_up_to, link_credit
 from .deliveries import REJECTED, RELEASED, Tags, copy_outcome, is_null
 from .sends import OrderedSender, Outgoing, owner_state, write_state
 from .txn import TRANSACTIONAL_STATE, route_transactional_ack
@@ -310,10 +310,7 @@ class ForwardedConsumer(ForwardedLink):
         if self.mimpl is None or self.peer.closed:
             return
         impl, m = self.impl, self.mimpl
-        want = link_credit(impl) - len(self.waiting)
-        have = lib.pn_link_credit(m)
-        if want > have:
-            lib.pn_link_flow(m, want - have)
+        flow_up_to(m, link_credit(impl, self.tags.n) - len(self.waiting))
         if lib.pn_link_get_drain(impl) and not self.draining:
             # AMQP 1.0 §2.6.7: answered once the owner has drained (or at once when
             # nothing is granted there any more).
@@ -345,7 +342,7 @@ class ForwardedConsumer(ForwardedLink):
             lib.pn_delivery_update(mdlv, RELEASED)   # nobody to give it to: the owner keeps it
             lib.pn_delivery_settle(mdlv)
             return
-        if self.waiting or link_credit(self.impl) <= 0:
+        if self.waiting or link_credit(self.impl, self.tags.n) <= 0:
             self.waiting.append((mdlv, buf))
             return
         self._send(mdlv, buf)
@@ -363,7 +360,7 @@ class ForwardedConsumer(ForwardedLink):
         self.protocol.mark_dirty()
 
     def _send_waiting(self) -> None:
-        while self.waiting and link_credit(self.impl) > 0:
+        while self.waiting and link_credit(self.impl, self.tags.n) > 0:
             self._send(*self.waiting.pop(0))
         if not self.waiting and self.draining and not lib.pn_link_draining(self.mimpl):
             self.on_peer_flow()
@@ -480,10 +477,7 @@ class ForwardedProducer(ForwardedLink, OrderedSender):
             return
         if self.queue:
             self.send_queued()
-        want = link_credit(self.mimpl) - len(self.queue)
-        have = lib.pn_link_credit(self.impl)
-        if want > have:
-            lib.pn_link_flow(self.impl, want - have)
+        if flow_up_to(self.impl, link_credit(self.mimpl) - len(self.queue)):
             self.protocol.mark_dirty()
 
     # --- transfers client → owner

@@ -19,9 +19,10 @@ A producer attached at a node that owns a member sticks to that member (`own_mem
 it is a producer of this node, attached in-process (server/ports.py `AttachHere`), and
 only a message whose group belongs to another node's member goes over an inter-node
 connection (Router.partition_target, as the anonymous relay sends it).  Elsewhere the
-producer is a `PartitionedProducer` (sticky to a member chosen at random), and a
-consumer is fed from every member through connections to their nodes, this node's own
-included (through its inter-node listener).
+producer is a `PartitionedProducer` (sticky to a member chosen at random).  A consumer
+at a node that owns a member takes that member in-process and first
+(cluster/fanin.py `LocalFirstFanIn`); elsewhere it is a `FanInConsumer`, fed from
+every member through connections to their nodes.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from ..core.message import MalformedMessage, Message
 from ..core.placement import UNAVAILABLE, Partitioned
 from ..core.settlement import LinkEnding
 from ..server.refusal import detach_with_condition
-from ..server.links import LATE_OUTCOME_WINDOW, link_credit
+from ..server.links import LATE_OUTCOME_WINDOW, flow_up_to, link_credit
 from .deliveries import RELEASED, Tags, copy_outcome, is_null
 from .relay import RelayLink
 from .sends import Outgoing, write_state
@@ -377,19 +378,28 @@ class FanInConsumer:
 
     # --- credit and drain
 
+    def credit(self) -> int:
+        """The client link's credit (an overdraft: 0; server/links.py link_credit)."""
+        return link_credit(self.impl, self.sent())
+
+    def sent(self) -> int:
+        """Transfers sent on the client's link so far."""
+        return self.tags.n
+
+    def next_tag(self) -> Any:
+        return self.tags.next()
+
     def on_flow(self) -> None:
         if self.waiting:
             self._send_waiting()
         if self.state != "open":
             return
-        want = link_credit(self.impl) - len(self.waiting)
+        want = self.credit() - len(self.waiting)
         drain = lib.pn_link_get_drain(self.impl) and not self.draining
         for m in self.members:
             if m.detached or m.peer.closed:
                 continue
-            have = lib.pn_link_credit(m.mimpl)
-            if want > have:
-                lib.pn_link_flow(m.mimpl, want - have)
+            flow_up_to(m.mimpl, want)
             if drain:
                 lib.pn_link_drain(m.mimpl, 0)
                 m.draining = bool(lib.pn_link_draining(m.mimpl))
@@ -414,14 +424,14 @@ class FanInConsumer:
             lib.pn_delivery_settle(mdlv)
             member.peer.mark_dirty()
             return
-        if self.waiting or link_credit(self.impl) <= 0:
+        if self.waiting or self.credit() <= 0:
             self.waiting.append((member, mdlv, buf))
             return
         self._send(member, mdlv, buf)
 
     def _send(self, member: MemberReceiver, mdlv: Any, buf: bytearray) -> None:
         impl = self.impl
-        cdlv = lib.pn_delivery(impl, self.tags.next())
+        cdlv = lib.pn_delivery(impl, self.next_tag())
         lib.pn_link_send(impl, ffi.from_buffer(buf), len(buf))
         lib.pn_link_advance(impl)
         if lib.pn_delivery_settled(mdlv):
@@ -432,7 +442,7 @@ class FanInConsumer:
         self.protocol.mark_dirty()
 
     def _send_waiting(self) -> None:
-        while self.waiting and link_credit(self.impl) > 0:
+        while self.waiting and self.credit() > 0:
             self._send(*self.waiting.popleft())
         if not self.waiting:
             self.member_drained()

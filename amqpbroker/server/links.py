@@ -99,7 +99,7 @@ class LinkConsumer(BoundedOutput):
             return 0   # credit is a permission, not a duty (AMQP 1.0 §2.6.7): memory is bounded
         if self._budget <= 0 and not self.engine_room():
             return 0
-        credit = link_credit(self.impl)
+        credit = link_credit(self.impl, self._tag)
         if credit > 0:
             seen = self.handler.protocol.input_seq
             if self._open_at != seen:   # input came since we last looked
@@ -138,6 +138,14 @@ class LinkConsumer(BoundedOutput):
         self._budget -= size + DELIVERY_COST   # core/outbound.py cost(), inline
         return dlv
 
+    def next_tag(self) -> Any:
+        """The tag of a delivery another sender puts on this link (a partitioned
+        destination's other members, cluster/fanin.py): from the same counter, so
+        tags stay unique on the link and `_tag` counts every transfer on it."""
+        self._tag += 1
+        _pack_tag(self._tag_buf, 0, self._tag)
+        return self._tag_t[0]
+
     def deliver(self, entry: Entry) -> None:
         dlv = self._transfer(entry)
         if entry.store_ref is not None:
@@ -169,7 +177,7 @@ class LinkConsumer(BoundedOutput):
     def on_flow(self) -> None:
         self.queue.dispatch()
         impl = self.impl
-        if lib.pn_link_get_drain(impl) and link_credit(impl) > 0:
+        if lib.pn_link_get_drain(impl) and link_credit(impl, self._tag) > 0:
             # AMQP 1.0 §2.6.7: a drain request with nothing more to send consumes
             # the credit (delivery-count advances, credit 0, drain echoed).
             lib.pn_link_drained(impl)
@@ -302,11 +310,38 @@ _OUTCOMES = {ACCEPTED: Outcome.ACCEPTED, REJECTED: Outcome.REJECTED,
              RELEASED: Outcome.RELEASED, MODIFIED: Outcome.MODIFIED}
 
 
-def link_credit(impl: Any) -> int:
+CREDIT_CAP = (1 << 31) - 1   # the most one pn_link_flow may grant (a C int)
+
+
+def link_credit(impl: Any, sent: int | None = None) -> int:
     """A sending link's credit.  The peer grants up to 2^32 - 1 (AMQP 1.0 §2.7.4
     link-credit is a uint); proton keeps it unsigned but hands it out as a C int,
-    so a grant of 2^31 or more would read as negative, and never be served."""
-    return lib.pn_link_credit(impl) & 0xFFFFFFFF
+    so a grant of 2^31 or more would read as negative, and never be served.
+
+    A negative value is also what a receiver that lowered its credit leaves: its
+    flow counted fewer transfers than were on their way (AMQP 1.0 §2.6.7 lets it
+    change link-credit at any time; python-qpid-proton's BlockingReceiver does), so
+    the sender is overdrawn and may send nothing.  Told how many transfers went on
+    the link (`sent`), a deficit no larger than that is such an overdraft: 0 (read
+    as a huge grant, the link would be sent far more than the peer asked for, and a
+    grant passed on to another link would not fit in a C int)."""
+    credit = lib.pn_link_credit(impl)
+    if credit >= 0:
+        return credit
+    if sent is not None and -credit <= sent:
+        return 0
+    return credit & 0xFFFFFFFF
+
+
+def flow_up_to(impl: Any, want: int) -> bool:
+    """Grant a receiving link what it needs to hold `want` credit (capped at
+    CREDIT_CAP: another link's credit passed on); True when a flow was made."""
+    have = lib.pn_link_credit(impl)
+    want = want if want < CREDIT_CAP else CREDIT_CAP
+    if want <= have:
+        return False
+    lib.pn_link_flow(impl, want - have)
+    return True
 
 
 def link_key(link: Link) -> Any:
