@@ -46,6 +46,7 @@ from ..server.peer_fields import symbols
 from ..server.ports import AttachHere
 from ..server.refusal import AttachRefused
 from ..server.terminus import read_source, read_target
+from .fanin import LocalFirstFanIn
 from .forward import ForwardedConsumer, ForwardedLink, ForwardedProducer
 from .handoff import HANDED_OFF, Recorder, hand_off
 from .guard import LOCKED, LocalAttach, LookupAnswer, SubscriptionGuard, held_subscription, is_lookup
@@ -305,13 +306,13 @@ class Router:
             self.forwarded_total += 1
             return KeylessProducer(self.side(handler), handler, link, shape.address)
         if isinstance(placed, Partitioned):
-            own = None if link.is_sender else own_member(placed.members, self.node)
-            if own is not None:
+            own = own_member(placed.members, self.node)
+            if own is not None and not link.is_sender:
                 return AttachHere(own.address, own)   # in-process; each message: partition_target
             side = self.side(handler)
             self.forwarded_total += 1
             if link.is_sender:
-                return FanInConsumer(side, handler, link, placed.members)
+                return self._fan_in(side, handler, link, placed, own)
             return PartitionedProducer(side, handler, link, placed)
         return None
 
@@ -409,7 +410,7 @@ class Router:
         member of a partitioned topic."""
         side = self.side(handler)
         if isinstance(placed, Partitioned):
-            fwd: Any = FanInConsumer(side, handler, link, placed.members, start=False)
+            fwd: Any = self._fan_in(side, handler, link, placed, own_member(placed.members, self.node), start=False)
         elif isinstance(placed, Local):
             fwd = LocalAttach(side, handler, link)   # then attached here, in-process
         else:
@@ -432,6 +433,15 @@ class Router:
         if not isinstance(placed, Local):
             self.forwarded_total += 1
         return fwd
+
+    @staticmethod
+    def _fan_in(side: Any, handler: Any, link: Any, placed: Partitioned, own: MemberRoute | None,
+                start: bool = True) -> FanInConsumer:
+        """A consumer of every member: this node's own, when it has one, in-process and
+        first (cluster/fanin.py); the others through their nodes."""
+        if own is None:
+            return FanInConsumer(side, handler, link, placed.members, start=start)
+        return LocalFirstFanIn(side, handler, link, placed.members, own.sticky, start=start)
 
     def _scatter(self, handler: Any, link: Any, placed: Scatter) -> Any:
         """A null-source attach (Qpid JMS's unsubscribe): the subscription it names may

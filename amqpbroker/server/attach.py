@@ -47,8 +47,14 @@ class ConsumerAttacher:
         self.server = handler.server
         self.broker = handler.broker
 
-    def attach(self, link: Link) -> LinkConsumer:
+    def attach(self, link: Link, address: str | None = None) -> LinkConsumer:
+        """The consumer of an attach; `address`: served from that address instead of
+        the source's, the reply still naming the client's (a partitioned
+        destination's member on this node, cluster/fanin.py)."""
         source = read_source(link.remote_source)
+        shown = None
+        if address is not None:
+            shown, source = source.address, source.with_(address=address)
         if source.filters:
             flt = range_filter(source)
             if flt is not None:   # a log read by sequence number (server/sequence.py)
@@ -72,7 +78,7 @@ class ConsumerAttacher:
             exchange = self.broker.exchanges[resolution.name]
             key = resolution.key if resolution.key is not None else exchange.default_key()
             binding = BindingSpec(resolution.name, key, source.selector, source.no_local)
-            return self._attach_subscription(link, source, binding, selector)
+            return self._attach_subscription(link, source, binding, selector, shown)
         if resolution.kind is AddressKind.NEW_QUEUE:
             try:
                 queue = self.broker.auto_create(resolution.name, self.handler.protocol.user)
@@ -80,7 +86,7 @@ class ConsumerAttacher:
                 raise AttachRefused(RESOURCE_LIMIT, str(exc)) from None
         else:
             queue = self.broker.queues[resolution.name]
-        return self._attach_queue(link, source, queue, selector)
+        return self._attach_queue(link, source, queue, selector, shown)
 
     def _selector(self, source: SourceTerms) -> Any:
         text = source.selector
@@ -94,12 +100,13 @@ class ConsumerAttacher:
 
     # ------------------------------------------------------------------ queues
 
-    def _attach_queue(self, link: Link, source: SourceTerms, queue: Queue, selector: Any) -> LinkConsumer:
+    def _attach_queue(self, link: Link, source: SourceTerms, queue: Queue, selector: Any,
+                      shown: str | None = None) -> LinkConsumer:
         browser = source.distribution_mode == "copy"
         if queue.exclusivity is ExclusivityPolicy.LINK and queue.consumers:
             raise AttachRefused(RESOURCE_LOCKED, f"queue '{queue.name}' has an exclusive consumer")
         reply = source.with_(filters=source.honoured_filters())
-        return self._open(link, reply, queue, selector, source.no_local, browser)
+        return self._open(link, _shown(reply, shown), queue, selector, source.no_local, browser)
 
     def _attach_dynamic(self, link: Link, source: SourceTerms, selector: Any) -> LinkConsumer:
         """A dynamic source (AMQP 1.0 §3.5.3; a reply queue): a fresh queue that
@@ -116,7 +123,7 @@ class ConsumerAttacher:
     # ------------------------------------------------------------------ subscriptions
 
     def _attach_subscription(self, link: Link, source: SourceTerms | None, binding: BindingSpec | None,
-                             selector: Any) -> LinkConsumer:
+                             selector: Any, shown: str | None = None) -> LinkConsumer:
         h = self.handler
         registry = self.server.subscriptions
         decision = registry.decide(link.name, h.container_id, source, binding)
@@ -136,7 +143,7 @@ class ConsumerAttacher:
         # A durable subscription exists for the client once the attach reply arrives:
         # send the reply only after its records are on disk.
         durable = sub.durable and self.server.store.persistent
-        consumer = self._open(link, decision.reply_source, queue, selector, no_local, False,
+        consumer = self._open(link, _shown(decision.reply_source, shown), queue, selector, no_local, False,
                               defer=durable)
         consumer.subscription = sub
         return consumer
@@ -184,6 +191,10 @@ class ConsumerAttacher:
         consumer.ready = True
         consumer.queue.dispatch()
         self.handler.protocol.mark_dirty()
+
+
+def _shown(reply: SourceTerms, address: str | None) -> SourceTerms:
+    return reply if address is None else reply.with_(address=address)
 
 
 def _compile_quiet(text: str | None) -> Any:

@@ -490,6 +490,12 @@ class ConnectionHandler:
         detach_with_condition(link)
         self.protocol.mark_dirty()
 
+    def release_endpoint(self, endpoint: Any, *, closed: bool, ending: LinkEnding) -> Condition | None:
+        """An endpoint that another one holds (not in `endpoints`: a partitioned
+        destination's own member, cluster/fanin.py) ends as if its link had: what
+        the detach answer must carry, if anything."""
+        return self._release(endpoint, closed=closed, ending=ending)
+
     def _release(self, endpoint: Any, *, closed: bool, ending: LinkEnding) -> Condition | None:
         if getattr(endpoint, "forwarded", False):
             endpoint.released(ending)

@@ -1,0 +1,231 @@
+"""End to end: a consumer of a partitioned destination through its one name, attached
+at a node that owns one of its members (cluster/fanin.py, `serve --workers 3`; n0
+owns no slot, n1 and n2 own the members):
+
+* its own member is served in this process (no inter-node connection to itself),
+  the other member through its node, every message once;
+* local first, never starved: with a busy own member, the other member's messages
+  still come before the own member's backlog is done;
+* drain takes every member; an outcome goes back to the member the message came from;
+* a durable subscription through the one name, detached then unsubscribed at that
+  node, is gone from both members;
+* a client that lowers its credit below what is on its way (an overdraft) is sent
+  nothing more, by a fan-in at either kind of node and by a forwarded consumer,
+  instead of the node failing to pass a credit of about 2^32 on.
+
+Attacked: a member that is never given credit (starvation), delivery tags of two
+members clashing on the client's link, outcomes routed to the wrong member, an
+unsubscribe answered before the own member's deletion.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from proton import Delivery, Endpoint, Message
+
+from tests.client import connect, is_null_terminus
+from tests.cluster_process import ClusterProcess
+from tests.e2e.helpers_conn import RawClient
+from tests.e2e.helpers_delivery import drain_bodies, fetch, receiver, sender, settle, uid
+from tests.e2e.jms_links import close, detach, durable_consumer, null_source_attach
+from tests.e2e.test_cluster import owned_by
+from tests.e2e.test_credit_overdraft import overdraft_run
+
+pytestmark = pytest.mark.e2e
+
+CONFIG = """
+[cluster]
+handoff = false
+partitioned = [{address = "forders", members = 2}, {address = "fprices", members = 2, topic = true}]
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    proc = ClusterProcess(tmp_path_factory.mktemp("cluster-fanin") / "data", config=CONFIG).start()
+    yield proc
+    proc.stop()
+
+
+def members(cluster, address: str) -> list[tuple[str, str]]:
+    """(member address, node) of each member of `address`, in member order."""
+    view = json.loads(cluster.get("n1", "/api/cluster"))
+    found = [[(m["address"], m["node"]) for m in p["members"]] for p in view["partitioned"]
+             if p["address"].rsplit("/", 1)[-1] == address]   # a topic's key: its exchange/name
+    assert len(found) == 1, view["partitioned"]
+    return found[0]
+
+
+def forwarding_at(cluster, node: str) -> dict:
+    return json.loads(cluster.get(node, "/api/cluster"))["forwarded"]
+
+
+def fill(cluster, address: str, bodies: list) -> None:
+    conn = connect(cluster.url)
+    try:
+        snd = sender(conn, address)
+        for b in bodies:
+            snd.send(Message(body=b, durable=True))   # each Accepted once committed
+        snd.close()
+    finally:
+        conn.close()
+
+
+def member_bodies(cluster, address: str) -> list:
+    conn = connect(cluster.url)
+    try:
+        return drain_bodies(conn, receiver(conn, address, credit=500), timeout=1.0)
+    finally:
+        conn.close()
+
+
+def own_and_other(cluster, address: str) -> tuple[str, str, str]:
+    """(the node that owns the first member, its member, the other member)."""
+    (first, node), (second, _) = members(cluster, address)
+    assert node != "n0"
+    return node, first, second
+
+
+def test_the_own_member_is_served_in_process_and_the_other_through_its_node(cluster):
+    node, own, other = own_and_other(cluster, "forders")
+    fill(cluster, own, [["own", i] for i in range(40)])
+    fill(cluster, other, [["other", i] for i in range(40)])
+    before = forwarding_at(cluster, node)
+    conn = connect(cluster.node_url(node))
+    try:
+        rcv = receiver(conn, "forders", credit=50)
+        got = drain_bodies(conn, rcv, timeout=1.0)
+        during = forwarding_at(cluster, node)
+    finally:
+        conn.close()
+    assert sorted(map(tuple, got)) == sorted([("own", i) for i in range(40)] + [("other", i) for i in range(40)])
+    for who in ("own", "other"):
+        assert [i for w, i in got if w == who] == list(range(40)), f"the {who} member's order holds"
+    assert during["connections"] - before["connections"] == 1, \
+        f"one inter-node connection (to the other member's node), none to itself: {before} -> {during}"
+    assert member_bodies(cluster, own) == [] and member_bodies(cluster, other) == []
+
+
+def test_a_busy_own_member_never_starves_the_other(cluster):
+    """Credit goes to the own member first, but each other member keeps a share of
+    every grant: its messages come while the own member still has a backlog."""
+    node, own, other = own_and_other(cluster, "forders")
+    fill(cluster, own, [["own", i] for i in range(400)])
+    fill(cluster, other, [["other", i] for i in range(20)])
+    conn = connect(cluster.node_url(node))
+    try:
+        got = drain_bodies(conn, receiver(conn, "forders", credit=20), timeout=1.0)
+    finally:
+        conn.close()
+    assert len(got) == 420 and {tuple(b) for b in got} == \
+        {("own", i) for i in range(400)} | {("other", i) for i in range(20)}
+    first_other = next(n for n, (w, _) in enumerate(got) if w == "other")
+    last_other = max(n for n, (w, _) in enumerate(got) if w == "other")
+    assert first_other < 100 and last_other < 400, \
+        f"the other member served alongside the busy own one (positions {first_other}..{last_other} of 420)"
+
+
+def test_drain_takes_every_member_and_is_answered_once(cluster):
+    node, own, other = own_and_other(cluster, "forders")
+    fill(cluster, own, ["own-1", "own-2"])
+    fill(cluster, other, ["other-1", "other-2"])
+    client = RawClient("127.0.0.1", cluster.nodes()[node], container_id=uid("drainer")).wait_open()
+    try:
+        ssn = client.session()
+        rcv = client.receiver(ssn, "forders", uid("rcv"))
+        assert rcv.state & Endpoint.REMOTE_ACTIVE and rcv.remote_source.address == "forders"
+        rcv.drain(10)
+        client.wait(lambda: rcv.queued == 4 and not rcv.draining(), what="the drain's answer, with all four")
+        bodies = []
+        for _ in range(4):
+            dlv = rcv.current
+            msg = Message()
+            msg.decode(rcv.recv(dlv.pending))
+            bodies.append(msg.body)
+            rcv.advance()
+            dlv.update(Delivery.ACCEPTED)
+            dlv.settle()
+        assert sorted(bodies) == ["other-1", "other-2", "own-1", "own-2"]
+        client.wait(lambda: rcv.credit == 0, what="the rest of the credit used up by the drain")
+        rcv.drain(5)
+        client.wait(lambda: not rcv.draining() and rcv.credit == 0, what="the second drain's answer")
+        assert rcv.queued == 0
+    finally:
+        client.close()
+    assert member_bodies(cluster, own) == [] and member_bodies(cluster, other) == []
+
+
+def test_each_outcome_goes_back_to_the_member_its_message_came_from(cluster):
+    node, own, other = own_and_other(cluster, "forders")
+    fill(cluster, own, ["own-released", "own-accepted"])
+    fill(cluster, other, ["other-released", "other-accepted"])
+    conn = connect(cluster.node_url(node))
+    try:
+        rcv = receiver(conn, "forders", credit=10)
+        seen: set[str] = set()
+        while len(seen) < 4:   # a released message may come again first (the link still has credit)
+            msg, dlv = fetch(conn, rcv)
+            seen.add(msg.body)
+            settle(dlv, Delivery.RELEASED if msg.body.endswith("released") else Delivery.ACCEPTED)
+        rcv.close()
+    finally:
+        conn.close()
+    assert member_bodies(cluster, own) == ["own-released"]
+    assert member_bodies(cluster, other) == ["other-released"]
+
+
+def test_a_durable_subscription_through_the_one_name_at_a_members_node_unsubscribes_everywhere(cluster):
+    (first, node), (second, _) = members(cluster, "fprices")
+    cid, sub = uid("client"), uid("fsub")
+    conn = connect(cluster.node_url(node), container_id=cid)
+    try:
+        rcv = durable_consumer(conn, "amq.topic/fprices", sub, credit=0)
+        assert rcv.link.remote_source.address == "amq.topic/fprices", "the reply names the client's address"
+        detach(conn, rcv)   # kept on both members
+        pub = connect(cluster.url)
+        try:
+            for link in range(4):   # sticky members spread: both get some
+                snd = pub.create_sender("amq.topic/fprices", name=uid("pub"))
+                for i in range(10):
+                    snd.send(Message(body=link * 100 + i, durable=True))
+                snd.close()
+        finally:
+            pub.close()
+        again = durable_consumer(conn, "amq.topic/fprices", sub, credit=100)
+        got = drain_bodies(conn, again, timeout=1.0)
+        assert sorted(got) == sorted(link * 100 + i for link in range(4) for i in range(10)), "every message once"
+        detach(conn, again)
+        lookup = null_source_attach(conn, sub)
+        assert not is_null_terminus(lookup.link.remote_source), "found"
+        assert close(conn, lookup) is None, "deleted"
+    finally:
+        conn.close()
+    conn = connect(cluster.node_url(node), container_id=cid)
+    try:
+        from proton.utils import LinkDetached
+        with pytest.raises(LinkDetached) as gone:
+            null_source_attach(conn, sub)
+        assert "amqp:not-found" in str(gone.value), "no member keeps a copy"
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("where", ["fan-in at a member's node", "fan-in at a node with no member",
+                                   "forwarded consumer"])
+def test_a_client_that_lowers_its_credit_is_sent_nothing_more_and_its_connection_stays(cluster, where):
+    if where == "forwarded consumer":
+        address, node = owned_by("n1"), "n0"
+        fill(cluster, address, list(range(6)))
+    else:
+        address = "forders"
+        node, own, other = own_and_other(cluster, address)
+        if where == "fan-in at a node with no member":
+            node = "n0"
+        fill(cluster, own, list(range(3)))
+        fill(cluster, other, list(range(3, 6)))
+    while_overdrawn, after = overdraft_run(cluster.nodes()[node], address, 6)
+    assert while_overdrawn == 2, f"{while_overdrawn} transfers while the node had no credit (2 were granted)"
+    assert after == 6
+    assert "Traceback" not in cluster.log_text()
