@@ -22,6 +22,10 @@ Credit, local first (the client's credit is one budget for every member):
 * a member's credit is topped up again as its deliveries arrive (to what the
   client's credit then leaves, or its share), so credit the own member no longer
   needs reaches the other members without waiting for the client's next flow.
+The other members' own nodes hold back too: this consumer's links to them carry the
+`amqpbroker:standby` property, so each member's queue offers it only what that
+node's own consumers cannot take now (core/queues.py `_offer_first_choice`).  With a
+consumer at every member's node, a message crosses between nodes only when it must.
 Drain (AMQP 1.0 §2.6.7): the other members are drained, then the own member's
 queue is given its turn, and the client's drain is answered with what is left.
 
@@ -41,7 +45,7 @@ from proton import Condition, Link
 
 from ..core.settlement import LinkEnding
 from ..server.links import flow_up_to
-from ..server.refusal import AttachRefused
+from ..server.refusal import AttachRefused, check_access
 from .partitioned import FanInConsumer, MemberReceiver
 
 log = logging.getLogger("amqpbroker.cluster")
@@ -57,6 +61,8 @@ def member_share(credit: int, members: int) -> int:
 
 class LocalFirstFanIn(FanInConsumer):
     """A client consumer link on a partitioned destination with a member here."""
+
+    standby_members = True
 
     def __init__(self, side: Any, handler: Any, link: Link, members: tuple[tuple[str, str], ...],
                  own: int, start: bool = True):
@@ -88,6 +94,7 @@ class LocalFirstFanIn(FanInConsumer):
     def _attach_local(self) -> None:
         h, link = self.handler, self.link
         try:
+            check_access(h.server.access, h.protocol.user, link, h.container_id, self.own)
             h.server.steal_link(h, link)
             self.local = h.attacher.attach(link, self.own)
         except AttachRefused as refused:

@@ -40,6 +40,7 @@ from proton import Condition, Link
 from ..core.message import MalformedMessage, Message
 from ..core.placement import UNAVAILABLE, Partitioned
 from ..core.settlement import LinkEnding
+from ..server.attach import STANDBY
 from ..server.refusal import detach_with_condition
 from ..server.links import LATE_OUTCOME_WINDOW, flow_up_to, link_credit
 from .deliveries import RELEASED, Tags, copy_outcome, is_null
@@ -225,6 +226,8 @@ class MemberReceiver:
         m.source.copy(link.remote_source)
         if address is not None:   # None: the client's own source (a null-source lookup)
             m.source.address = address
+        if fanin.standby_members:   # the member's own node's consumers first (server/attach.py)
+            m.properties = {STANDBY: True}
         m.target.copy(link.remote_target)
         m.snd_settle_mode = link.remote_snd_settle_mode
         m.rcv_settle_mode = link.remote_rcv_settle_mode
@@ -280,6 +283,7 @@ class FanInConsumer:
     """A client consumer link on a partitioned destination: fed from every member."""
 
     forwarded = True
+    standby_members = False   # (cluster/fanin.py: True, its node has a member of its own)
 
     def __init__(self, side: Any, handler: Any, link: Link, targets: tuple[tuple[str | None, str], ...],
                  start: bool = True):

@@ -68,6 +68,7 @@ class ShovelLink:
 
     browser = False
     filtered = False
+    standby = False
     browse_cursor = 0
     forwarded = False
 

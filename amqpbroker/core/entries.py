@@ -26,6 +26,8 @@ class ConsumerPort(Protocol):
     consumer_id: int
     browser: bool         # distribution-mode copy: sees entries without acquiring them
     filtered: bool        # True when accepts() may say no (selector, no-local)
+    standby: bool         # a second choice: offered an entry only when no other consumer
+                          # takes it now (another node's consumer with a member of its own)
 
     # How many entries deliver() may take now; each delivery uses exactly one, until
     # the I/O layer hands in more input (a queue reads it once for a run of entries).

@@ -56,6 +56,7 @@ class Queue(PagedRegion, LimitedQueue, WaitingEntries, QueueBrowsers, EntryPicki
         "max_delivery_attempts", "mem_bytes", "memory_budget", "name", "overflow_dropped_total",
         "overflow_rejected_total", "owner", "page_cursor",
         "page_in_batch", "page_in_low", "paged_bytes", "paged_count", "store_id", "timers", "unreadable_total",
+        "_standby",
     )
 
     def __init__(
@@ -86,6 +87,7 @@ class Queue(PagedRegion, LimitedQueue, WaitingEntries, QueueBrowsers, EntryPicki
         self.deleted = False
         self.consumers: list[ConsumerPort] = []
         self._browsers = 0
+        self._standby = 0   # consumers that are a second choice (ConsumerPort.standby)
         self._ready = ReadyList()
         self._delayed: list[tuple[float, int, Entry]] = []
         self._groups: dict[str, ConsumerPort] = {}
@@ -218,10 +220,13 @@ class Queue(PagedRegion, LimitedQueue, WaitingEntries, QueueBrowsers, EntryPicki
                 or (entry.expires_at is not None and entry.expires_at <= self.clock())):
             return False
         start = self._rr % n
+        standby = self._standby   # those wait their turn: the general path offers them what is left
         for i in range(n):
             consumer = consumers[(start + i) % n]
             if consumer.filtered or consumer.browser:
                 return False
+            if standby and consumer.standby:
+                continue
             if consumer.credit() > 0:
                 self._rr = start + i + 1
                 self._slice = self._slice_bytes = 1 << 30   # no slice to spend: one entry
@@ -275,6 +280,8 @@ class Queue(PagedRegion, LimitedQueue, WaitingEntries, QueueBrowsers, EntryPicki
         self.consumers.append(consumer)
         if consumer.browser:
             self._browsers += 1
+        if getattr(consumer, "standby", False):
+            self._standby += 1
         self.last_consumer_at = self.clock()
         self.dispatch()
 
@@ -287,6 +294,8 @@ class Queue(PagedRegion, LimitedQueue, WaitingEntries, QueueBrowsers, EntryPicki
             self.consumers.remove(consumer)
             if consumer.browser:
                 self._browsers -= 1
+            if getattr(consumer, "standby", False):
+                self._standby -= 1
         except ValueError:
             pass
         self.last_consumer_at = self.clock()
@@ -362,6 +371,10 @@ class Queue(PagedRegion, LimitedQueue, WaitingEntries, QueueBrowsers, EntryPicki
                     if not self._run_to(only):
                         return
                     continue
+            if self._standby:
+                if not self._offer_first_choice(consumers, n):
+                    return
+                continue
             start = self._rr % n
             for i in range(n):
                 consumer = consumers[(start + i) % n]
@@ -377,6 +390,29 @@ class Queue(PagedRegion, LimitedQueue, WaitingEntries, QueueBrowsers, EntryPicki
                 break
             else:
                 return
+
+    def _offer_first_choice(self, consumers: list[ConsumerPort], n: int) -> bool:
+        """One entry, round-robin as above, to a consumer that is not on standby; to
+        one on standby only when none of the others takes it now (no credit, a
+        selector).  A standby consumer is another node's consumer of a partitioned
+        destination whose own node has a member (cluster/fanin.py): it reads this
+        member only for what this node's consumers cannot take, so that a message
+        crosses between nodes only when it must.  False: nothing was handed over."""
+        start = self._rr % n
+        for standby in (False, True):
+            for i in range(n):
+                consumer = consumers[(start + i) % n]
+                if consumer.standby is not standby or consumer.browser or consumer.credit() <= 0:
+                    continue
+                entry = self._take_for(consumer)
+                if entry is None:
+                    if not self._slice:
+                        return False
+                    continue
+                self._rr = start + i + 1
+                self._hand_over(entry, consumer)
+                return True
+        return False
 
     def _load(self, entry: Entry) -> bool:
         """Read a paged entry's body back.  A body that cannot be read or parsed (a

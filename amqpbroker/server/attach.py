@@ -7,7 +7,8 @@ import logging
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from proton import Link
+from cproton import ffi, lib
+from proton import Link, symbol
 
 from ..core.addresses import TEMP_PREFIX, AddressKind, AddressNotFound
 from ..core.broker import QueueLimit
@@ -31,6 +32,19 @@ if TYPE_CHECKING:
     from .ports import AttachOwner
 
 log = logging.getLogger("amqpbroker.attach")
+
+
+# A link property: the consumer is its queue's second choice (core/queues.py
+# `_offer_first_choice`): set by another node's consumer of a partitioned destination
+# that has a member of its own (cluster/fanin.py).  A client may set it on its own
+# links too: it only ever holds that consumer back.
+STANDBY = symbol("amqpbroker:standby")
+
+
+def asks_standby(link: Link) -> bool:
+    if lib.pn_link_remote_properties(link._impl) == ffi.NULL:   # (no properties: nothing decoded)
+        return False
+    return (link.remote_properties or {}).get(STANDBY) is True
 
 
 def temp_name(kind: str, cluster: Any = None) -> str:
@@ -169,6 +183,8 @@ class ConsumerAttacher:
         link.rcv_settle_mode = link.remote_rcv_settle_mode
         consumer = LinkConsumer(self.handler, link, queue, selector=selector, no_local=no_local,
                                 browser=browser)
+        if asks_standby(link):
+            consumer.standby = True
         self.handler.consumers.append(consumer)
         if not defer:
             link.open()

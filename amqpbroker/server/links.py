@@ -47,6 +47,8 @@ LATE_OUTCOME_WINDOW = 5.0
 class LinkConsumer(BoundedOutput):
     """A sending link on a queue: implements core.queues.ConsumerPort."""
 
+    standby = False   # a second choice of its queue (attach.py `asks_standby`)
+
     def __init__(self, handler: "ConsumerOwner", link: Link, queue: Queue, *,
                  selector: Any = None, no_local: bool = False, browser: bool = False):
         self.consumer_id = next(_consumer_ids)

@@ -24,13 +24,17 @@ class AttachRefused(Exception):
 def check_access(access: Any, user: str | None, link: Link, container_id: str,
                  member: str | None = None) -> None:
     """The ACL (security/guard.py) on an attach: AttachRefused when not allowed.
-    `member`: the address a producer's messages go to instead of the one it names (a
-    partitioned destination's member here, server/ports.py `AttachHere`), checked as
-    that member's node checks a forwarded producer."""
+    `member`: the address a link is served from instead of the one it names (a
+    partitioned destination's member here: a producer's, server/ports.py `AttachHere`;
+    a consumer's, cluster/fanin.py), checked as that member's node checks a forwarded
+    link."""
     if not access.enabled:
         return
     if link.is_sender:
-        refusal = access.consumer_refusal(user, read_source(link.remote_source), link.name, container_id)
+        source = read_source(link.remote_source)
+        if member is not None:
+            source = source.with_(address=member)
+        refusal = access.consumer_refusal(user, source, link.name, container_id)
     else:
         target = read_target(link.remote_target)
         refusal = access.producer_refusal(user, target if member is None else replace(target, address=member))

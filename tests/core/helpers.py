@@ -45,6 +45,7 @@ class RecordingConsumer:
     """A ConsumerPort that records deliveries; credit is set by the test."""
 
     _ids = iter(range(1, 10**9))
+    standby = False
 
     def __init__(self, credit=0, accept=None, browser=False):
         self.consumer_id = next(self._ids)

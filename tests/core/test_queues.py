@@ -46,6 +46,51 @@ def test_round_robin_is_even_and_skips_consumers_without_credit():
     assert starved.delivered == []
 
 
+def standby(credit=0, accept=None):
+    c = RecordingConsumer(credit=credit, accept=accept)
+    c.standby = True
+    return c
+
+
+def test_a_standby_consumer_gets_an_entry_only_when_no_other_consumer_takes_it():
+    """A second choice (ConsumerPort.standby: another node's consumer of a partitioned
+    member, cluster/fanin.py): the others first, round robin among them; the standby
+    one when they have no credit, or their selector refuses the entry."""
+    q = Queue("q")
+    first = [RecordingConsumer(credit=0), RecordingConsumer(credit=0)]
+    for c in first:
+        q.add_consumer(c)
+    second = standby(credit=1000)
+    q.add_consumer(second)
+    for c in first:
+        c._credit = 100
+    for i in range(150):
+        q.enqueue(make_message(i))
+    assert [len(c.delivered) for c in first] == [75, 75] and second.delivered == []
+    for i in range(150, 260):                    # 50 more fit the first ones, 60 do not
+        q.enqueue(make_message(i))
+    assert [len(c.delivered) for c in first] == [100, 100]
+    assert bodies(second.delivered) == list(range(200, 260)), "what the first choice could not take"
+    assert sorted(bodies(first[0].delivered + first[1].delivered + second.delivered)) == list(range(260))
+
+
+def test_a_standby_consumer_takes_what_a_selector_leaves_and_serves_alone():
+    q = Queue("q")
+    picky = RecordingConsumer(credit=100, accept=lambda e: bodies([e])[0] % 2 == 0)
+    second = standby(credit=100)
+    q.add_consumer(picky)
+    q.add_consumer(second)
+    for i in range(10):
+        q.enqueue(make_message(i))
+    assert bodies(picky.delivered) == [0, 2, 4, 6, 8] and bodies(second.delivered) == [1, 3, 5, 7, 9]
+    q.remove_consumer(picky, [], failed=False)
+    for i in range(10, 13):
+        q.enqueue(make_message(i))
+    assert bodies(second.delivered)[-3:] == [10, 11, 12], "alone, a standby consumer is served as any"
+    q.remove_consumer(second, [], failed=False)
+    assert q._standby == 0
+
+
 def test_accept_removes_and_release_returns_unchanged():
     q = Queue("q")
     q.enqueue(make_message("a"))

@@ -229,3 +229,54 @@ def test_a_client_that_lowers_its_credit_is_sent_nothing_more_and_its_connection
     assert while_overdrawn == 2, f"{while_overdrawn} transfers while the node had no credit (2 were granted)"
     assert after == 6
     assert "Traceback" not in cluster.log_text()
+
+
+def test_the_own_member_served_in_process_needs_its_own_consume_grant(tmp_path):
+    """In-process, the own member is checked as its node checks a forwarded consumer:
+    a grant on the one name and on the other member only is refused at the attach,
+    naming the own member (the other member's node let its part attach)."""
+    from amqpbroker.core.placement import partition_members, static_map
+    slots = static_map(["n0", "n1", "n2"], {"n0": 0, "n1": 1, "n2": 1})
+    (own, node), (other, _) = partition_members("gorders", 2, slots)
+    config = ('[cluster]\npartitioned = [{address = "gorders", members = 2}]\n'
+              '[anonymous]\npermissions = ["send", "consume"]\npattern = "gorders"\n'
+              f'[[acl]]\nuser = "anonymous"\npermissions = ["consume"]\npattern = "{other}"\n')
+    cl = ClusterProcess(tmp_path / "data", config=config).start()
+    try:
+        conn = connect(cl.node_url(node))
+        try:
+            from proton.utils import LinkDetached
+            with pytest.raises(LinkDetached) as refused:
+                receiver(conn, "gorders")
+        finally:
+            conn.close()
+    finally:
+        cl.stop()
+    assert "amqp:unauthorized-access" in str(refused.value) and own in str(refused.value), str(refused.value)
+
+
+def test_consumers_at_both_members_nodes_read_their_own_member_and_cross_only_when_they_must(cluster):
+    """Each member's queue offers another node's consumer (the standby one) only
+    what its own node's consumers cannot take: with a consumer through the one name
+    at each member's node, every message is read at its member's node; once the
+    consumer there is gone, the other node's consumer takes that member's messages."""
+    (first, n_first), (second, n_second) = members(cluster, "forders")
+    nodes = cluster.nodes()
+    at_first = connect(f"amqp://127.0.0.1:{nodes[n_first]}")
+    at_second = connect(f"amqp://127.0.0.1:{nodes[n_second]}")
+    try:
+        r_first = receiver(at_first, "forders", credit=500)
+        r_second = receiver(at_second, "forders", credit=500)
+        fill(cluster, first, [["first", i] for i in range(100)])
+        fill(cluster, second, [["second", i] for i in range(100)])
+        got_first = drain_bodies(at_first, r_first, timeout=1.0)
+        got_second = drain_bodies(at_second, r_second, timeout=1.0)
+        assert got_first == [["first", i] for i in range(100)], f"{len(got_first)} at {n_first}"
+        assert got_second == [["second", i] for i in range(100)], f"{len(got_second)} at {n_second}"
+        r_first.close()
+        fill(cluster, first, [["alone", i] for i in range(20)])
+        assert drain_bodies(at_second, r_second, timeout=1.0) == [["alone", i] for i in range(20)], \
+            "with nobody at its own node, a member is read by the other node's consumer"
+    finally:
+        at_first.close()
+        at_second.close()

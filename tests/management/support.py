@@ -116,6 +116,7 @@ class FakeConsumer:
         self.subscription = subscription
         self.browser = False
         self.filtered = False
+        self.standby = False
         self.browse_cursor = 0
         handler.endpoints[link_name] = self
         handler.links += 1
