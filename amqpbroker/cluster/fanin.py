@@ -125,16 +125,10 @@ class LocalFirstFanIn(FanInConsumer):
         credit = self.credit() - len(self.waiting)
         self.share = member_share(credit, self.count)
         self.local.queue.dispatch()
-        drain = lib.pn_link_get_drain(impl) and not self.draining
         for m in self.members:
             self._top_up(m)
-            if drain and not (m.detached or m.peer.closed):
-                lib.pn_link_drain(m.mimpl, 0)
-                m.draining = bool(lib.pn_link_draining(m.mimpl))
-                m.peer.mark_dirty()
-        if drain:
-            self.draining = True
-            self.member_drained()
+        if lib.pn_link_get_drain(impl) and not self.draining:
+            self.drain_members()
         self.protocol.mark_dirty()
 
     def sent(self) -> int:

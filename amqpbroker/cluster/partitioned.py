@@ -399,18 +399,23 @@ class FanInConsumer:
         if self.state != "open":
             return
         want = self.credit() - len(self.waiting)
-        drain = lib.pn_link_get_drain(self.impl) and not self.draining
         for m in self.members:
-            if m.detached or m.peer.closed:
-                continue
-            flow_up_to(m.mimpl, want)
-            if drain:
+            if not (m.detached or m.peer.closed):
+                flow_up_to(m.mimpl, want)
+                m.peer.mark_dirty()
+        if lib.pn_link_get_drain(self.impl) and not self.draining:
+            self.drain_members()
+
+    def drain_members(self) -> None:
+        """The client asked for a drain: every member's link is drained, and the
+        client's answered once each of them has been (member_drained)."""
+        for m in self.members:
+            if not (m.detached or m.peer.closed):
                 lib.pn_link_drain(m.mimpl, 0)
                 m.draining = bool(lib.pn_link_draining(m.mimpl))
-            m.peer.mark_dirty()
-        if drain:
-            self.draining = True
-            self.member_drained()
+                m.peer.mark_dirty()
+        self.draining = True
+        self.member_drained()
 
     def member_drained(self) -> None:
         """AMQP 1.0 §2.6.7: the client's drain is answered once every member's is."""

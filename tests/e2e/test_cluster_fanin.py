@@ -31,6 +31,7 @@ from tests.e2e.helpers_conn import RawClient
 from tests.e2e.helpers_delivery import drain_bodies, fetch, receiver, sender, settle, uid
 from tests.e2e.jms_links import close, detach, durable_consumer, null_source_attach
 from tests.e2e.test_cluster import owned_by
+from tests.e2e.test_cluster_jms import forwarding_at, member_bodies
 from tests.e2e.test_credit_overdraft import overdraft_run
 
 pytestmark = pytest.mark.e2e
@@ -58,10 +59,6 @@ def members(cluster, address: str) -> list[tuple[str, str]]:
     return found[0]
 
 
-def forwarding_at(cluster, node: str) -> dict:
-    return json.loads(cluster.get(node, "/api/cluster"))["forwarded"]
-
-
 def fill(cluster, address: str, bodies: list) -> None:
     conn = connect(cluster.url)
     try:
@@ -69,14 +66,6 @@ def fill(cluster, address: str, bodies: list) -> None:
         for b in bodies:
             snd.send(Message(body=b, durable=True))   # each Accepted once committed
         snd.close()
-    finally:
-        conn.close()
-
-
-def member_bodies(cluster, address: str) -> list:
-    conn = connect(cluster.url)
-    try:
-        return drain_bodies(conn, receiver(conn, address, credit=500), timeout=1.0)
     finally:
         conn.close()
 

@@ -87,18 +87,25 @@ def test_removals_only_keeps_all_but_what_the_batch_adds():
     assert r.meta == [("put", "queues", b"q", b"{}"), ("del", "bindings", b"x", None)]
 
 
+def one_of_each() -> Batch:
+    """A new message and entry, an update of a stored entry, a removal of each kind and
+    an entity record."""
+    b = Batch()
+    b.put_message(1, b"new")
+    b.put_entry(1, EntryRecord(1, 1, 0))
+    b.update_entry(1, EntryRecord(7, 3, 1, True))
+    b.delete_entry(2, 4)
+    b.drop_message(9)
+    b.put_meta("put", "queues", b"q", b"{}")
+    return b
+
+
 def test_a_failed_batch_turns_what_it_adds_into_deletes_and_keeps_the_rest():
     """Failed before or after sealing: its new entries and messages become deletes
     (a writer that died may have committed them unreported) and are the lost keys;
     removals, updates of stored entries and entity records stay."""
     for sealed in (False, True):
-        b = Batch()
-        b.put_message(1, b"new")
-        b.put_entry(1, EntryRecord(1, 1, 0))
-        b.update_entry(1, EntryRecord(7, 3, 1, True))
-        b.delete_entry(2, 4)
-        b.drop_message(9)
-        b.put_meta("put", "queues", b"q", b"{}")
+        b = one_of_each()
         b.callbacks.append(print)
         if sealed:
             b.seal()
@@ -120,13 +127,7 @@ def test_an_abandoned_batch_writes_its_removals_and_entity_records_and_nothing_i
     and stores what it accepts next under it (without its record a restart drops
     those messages).  Removals stay too; a lost update only brings a duplicate."""
     for sealed in (False, True):
-        b = Batch()
-        b.put_message(1, b"new")
-        b.put_entry(1, EntryRecord(1, 1, 0))
-        b.update_entry(1, EntryRecord(7, 3, 1, True))
-        b.delete_entry(2, 4)
-        b.drop_message(9)
-        b.put_meta("put", "queues", b"q", b"{}")
+        b = one_of_each()
         b.put_live("cursors", b"c", _Live(b"cursor"))
         if sealed:
             b.seal()
