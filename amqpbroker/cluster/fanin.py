@@ -131,6 +131,12 @@ class LocalFirstFanIn(FanInConsumer):
             self.drain_members()
         self.protocol.mark_dirty()
 
+    @property
+    def served_as(self) -> str | None:
+        """The address a reload checks besides the one the client named, as the attach
+        did (server/reload.py)."""
+        return self.own if self.local is not None else None
+
     def sent(self) -> int:
         local = self.local
         return local._tag if local is not None else self.sent_before

@@ -97,3 +97,33 @@ def test_a_reload_rechecks_a_member_producer_on_its_member_too(tmp_path):
         for client in clients:
             client.close()
         cl.stop()
+
+
+def test_a_reload_rechecks_a_consumer_through_the_one_name_on_its_own_member_too(tmp_path):
+    """The consumer's side (cluster/fanin.py): at a node that owns a member, a consumer of
+    the one name is that member's consumer in-process, its attach checked on the member
+    too.  A reload that keeps the name and the other member but takes this node's member
+    away detaches it, naming its member (the other member's node has nothing to say)."""
+    from amqpbroker.core.placement import partition_members, static_map
+    (own, node), (other, _) = partition_members("orders", 2, static_map(["n0", "n1"]))
+
+    def consume_on(*patterns: str) -> str:
+        return USERS + "".join(f'\n[[acl]]\ngroup = "orders-app"\npattern = "{p}"\npermissions = ["consume"]\n'
+                               for p in patterns) + CLUSTER
+
+    cl = ClusterProcess(tmp_path / "data", workers=2, weights=None, config=consume_on("orders", "orders.#")).start()
+    client = None
+    try:
+        client = RawClient(cl.host, cl.nodes()[node], container_id=f"alice-{uuid.uuid4().hex[:6]}",
+                           sasl_mechs="PLAIN", user="alice", password="alice-pw").wait_open()
+        rcv = client.receiver(client.session(), "orders", "c-own")
+        assert rcv.state & Endpoint.REMOTE_ACTIVE and rcv.remote_source.address == "orders"
+        reload(cl, consume_on("orders", other), 1)
+        client.wait(lambda: bool(rcv.state & Endpoint.REMOTE_CLOSED), what="the consumer's detach")
+        cond = rcv.remote_condition
+        assert cond is not None and cond.name == "amqp:unauthorized-access"
+        assert f"no longer allowed to consume on '{own}'" in cond.description, cond.description
+    finally:
+        if client is not None:
+            client.close()
+        cl.stop()
