@@ -33,12 +33,13 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from cproton import ffi, lib
+from cproton import lib
 from proton import Condition, Link, Terminus, symbol
 
 from ..core.placement import UNAVAILABLE
 from ..core.subscriptions import SubscriptionKey, identity
 from ..core.terms import ExpiryPolicy
+from ..server.peer_fields import link_property
 from ..server.refusal import AttachRefused
 from ..server.terminus import read_source
 from .deliveries import is_null
@@ -260,10 +261,7 @@ class LocalAttach:
 
 def is_lookup(link: Link) -> bool:
     """An attach from another node marked as a subscription lookup."""
-    props = lib.pn_link_remote_properties(link._impl)
-    if props == ffi.NULL:   # none sent (the common case: no decoding)
-        return False
-    return bool((link.remote_properties or {}).get(LOOKUP))
+    return bool(link_property(link, LOOKUP))
 
 
 def held_subscription(registry: Any, broker: Any, link: Link, container_id: str) -> Any:

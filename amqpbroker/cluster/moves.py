@@ -37,11 +37,11 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from cproton import ffi, lib
 from proton import Link, symbol
 
 from ..core.placement import HeldSubscription
 from ..core.subscriptions import Adoption, member_copy
+from ..server.peer_fields import link_property
 from ..server.refusal import AttachRefused
 from ..store.subscription_json import subscription_from_json, subscription_to_json
 from .shovel import ShovelLink, Shovels
@@ -229,9 +229,7 @@ class SubscriptionMoves:
 
 def moved_subscription(link: Link) -> Any:
     """The subscription record a move's link carries (another node's attach), or None."""
-    if lib.pn_link_remote_properties(link._impl) == ffi.NULL:
-        return None
-    text = (link.remote_properties or {}).get(MOVE)
+    text = link_property(link, MOVE)
     if text is None:
         return None
     try:

@@ -44,6 +44,10 @@ DISPATCH_SLICE_BYTES = 4 << 20
 # the next loop turn; scans go through a level SCAN_CHUNK entries at a time.
 SCAN_BUDGET = 4096
 
+# Queue._offer's passes over the consumers: every one at once (None), or, with standby
+# consumers, the others first (False) and then those (True).
+_PASSES = ((None,), (False, True))
+
 
 class Queue(PagedRegion, LimitedQueue, WaitingEntries, QueueBrowsers, EntryPicking):
     # Slots, not a __dict__: 50,000 idle queues must stay small (≤ 2 KB each).
@@ -371,38 +375,24 @@ class Queue(PagedRegion, LimitedQueue, WaitingEntries, QueueBrowsers, EntryPicki
                     if not self._run_to(only):
                         return
                     continue
-            if self._standby:
-                if not self._offer_first_choice(consumers, n):
-                    return
-                continue
-            start = self._rr % n
-            for i in range(n):
-                consumer = consumers[(start + i) % n]
-                if consumer.browser or consumer.credit() <= 0:
-                    continue
-                entry = self._take_for(consumer)
-                if entry is None:
-                    if not self._slice:
-                        return   # the scan budget is spent: the next loop turn goes on
-                    continue
-                self._rr = start + i + 1
-                self._hand_over(entry, consumer)
-                break
-            else:
+            if not self._offer(consumers, n):
                 return
 
-    def _offer_first_choice(self, consumers: list[ConsumerPort], n: int) -> bool:
-        """One entry, round-robin as above, to a consumer that is not on standby; to
-        one on standby only when none of the others takes it now (no credit, a
-        selector).  A standby consumer is another node's consumer of a partitioned
-        destination whose own node has a member (cluster/fanin.py): it reads this
-        member only for what this node's consumers cannot take, so that a message
-        crosses between nodes only when it must.  False: nothing was handed over."""
+    def _offer(self, consumers: list[ConsumerPort], n: int) -> bool:
+        """One entry to the next consumer in the round with credit that takes one;
+        False when none did (or the scan budget is spent: the next loop turn goes
+        on).  With standby consumers (ConsumerPort.standby: another node's consumer
+        of a partitioned destination whose own node has a member, cluster/fanin.py),
+        they are offered an entry only when none of the others takes it now (no
+        credit, a selector), so that a message crosses between nodes only when it
+        must."""
         start = self._rr % n
-        for standby in (False, True):
+        for standby in _PASSES[self._standby > 0]:
             for i in range(n):
                 consumer = consumers[(start + i) % n]
-                if consumer.standby is not standby or consumer.browser or consumer.credit() <= 0:
+                if standby is not None and consumer.standby is not standby:
+                    continue
+                if consumer.browser or consumer.credit() <= 0:
                     continue
                 entry = self._take_for(consumer)
                 if entry is None:

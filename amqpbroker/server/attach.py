@@ -7,7 +7,6 @@ import logging
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from cproton import ffi, lib
 from proton import Link, symbol
 
 from ..core.addresses import TEMP_PREFIX, AddressKind, AddressNotFound
@@ -24,6 +23,7 @@ from ..core.subscriptions import (
 from ..core.terms import CAP_TOPIC, SourceTerms
 from ..security.guard import UNAUTHORIZED
 from .links import LinkConsumer, session_key
+from .peer_fields import link_property
 from .refusal import AttachRefused
 from .sequence import attach_range_reader, range_filter
 from .terminus import read_source, write_source
@@ -42,9 +42,7 @@ STANDBY = symbol("amqpbroker:standby")
 
 
 def asks_standby(link: Link) -> bool:
-    if lib.pn_link_remote_properties(link._impl) == ffi.NULL:   # (no properties: nothing decoded)
-        return False
-    return (link.remote_properties or {}).get(STANDBY) is True
+    return link_property(link, STANDBY) is True
 
 
 def temp_name(kind: str, cluster: Any = None) -> str:

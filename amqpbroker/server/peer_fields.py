@@ -70,6 +70,20 @@ def _mandatory(value: Any) -> Any:
     return value
 
 
+def link_property(link: Any, key: Any) -> Any:
+    """One entry of the link properties the peer's attach carried (AMQP 1.0 §2.7.3),
+    or None: none sent (the common case: nothing is decoded), that key absent, or a
+    properties field that does not read as a map (never an error: a property only
+    ever asks the broker for something it may as well not do)."""
+    if lib.pn_link_remote_properties(link._impl) == ffi.NULL:
+        return None
+    try:
+        props = link.remote_properties
+    except _UNREADABLE:
+        return None
+    return props.get(key) if isinstance(props, dict) else None
+
+
 def symbols(value: Any) -> list[str]:
     """A capabilities field as strings: a symbol, an array or list of them, or None."""
     if value is None:

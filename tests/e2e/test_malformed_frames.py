@@ -138,6 +138,26 @@ def test_credit_of_two_to_the_31_or_more_is_served(broker, credit):
     assert reply.count(b"\x00\x53\x14") == 2, "both messages transferred"
 
 
+@pytest.mark.parametrize("properties", ["a list", "a non-ASCII symbol key"])
+def test_link_properties_that_do_not_read_as_a_map_are_ignored(broker, properties):
+    """A consumer's link properties are read for `amqpbroker:standby` (server/attach.py):
+    a field of the wrong type, or one that does not decode, asks for nothing; the
+    consumer is served, the connection stays (no amqp:internal-error)."""
+    q = uid("odd-properties")
+    with connection(broker) as conn:
+        send_bodies(conn, q, ["one", "two"])
+    fields = ["odd", uint(0), True, None, None, Described(ulong(0x28), [q]), Described(ulong(0x29), [None]),
+              None, None, None, None, None, None]
+    if properties == "a list":
+        rcv = frame(0x12, fields + [[1, 2]])
+    else:
+        rcv = frame(0x12, fields + [{symbol("KKKK"): True}], (b"KKKK", b"\xc3\xa9KK"))
+    flow = frame(0x13, [uint(0), uint(100), uint(0), uint(100), uint(0), uint(0), uint(10)])
+    reply = exchange(broker.port, [OPEN, BEGIN, rcv, flow], timeout=3)
+    assert reply.count(b"\x00\x53\x14") == 2, "both messages transferred"
+    assert b"amqp:internal-error" not in reply
+
+
 # --------------------------------------------------------------------------- protocol violations
 # proton lets these through; core/wire.py names them and the connection is closed at once
 # (not after the idle timeout).
