@@ -377,25 +377,47 @@ def test_a_producer_served_at_its_members_node_needs_the_members_permission_too(
     assert "amqp:unauthorized-access" in str(refused.value) and "porders.p" in str(refused.value)
 
 
+def pprices_member_nodes(cluster) -> set[str]:
+    view = json.loads(cluster.get("n1", "/api/cluster"))
+    return {m["node"] for p in view["partitioned"] if p["address"].rsplit("/", 1)[-1] == "pprices"
+            for m in p["members"]}
+
+
 def test_one_shared_subscription_on_a_partitioned_topic_across_nodes_gets_each_message_once(partitioned):
+    """One shared subscription, a consumer at each of three nodes (two own a member of
+    the topic, one owns none) and a producer at each node.  A producer at a member's node
+    publishes to that member; the one at the third node to a member of its choice
+    (cluster/partitioned.py), so both members get messages.  Every message reaches exactly
+    one consumer; a consumer at a member's node reads its own member first (the other
+    member sees it as a standby, cluster/fanin.py), so it takes nothing the producer at
+    the other member's node published while its own consumers had credit; the consumer
+    at the third node reads both members."""
     nodes = partitioned.nodes()
+    members = pprices_member_nodes(partitioned)
+    assert len(members) == 2, members
     sub = uid("psub")
-    conns = [connect(f"amqp://127.0.0.1:{nodes[n]}") for n in ("n0", "n1", "n2")]
+    order = ("n0", "n1", "n2")
+    conns = [connect(f"amqp://127.0.0.1:{nodes[n]}") for n in order]
     try:
         consumers = [shared_consumer(c, "pprices", sub, global_=True, credit=500) for c in conns]
-        pub = connect(partitioned.url)
-        for link in range(4):   # four producer links: sticky members spread
+        for k, node in enumerate(order):   # one producer link at each node
+            pub = connect(f"amqp://127.0.0.1:{nodes[node]}")
             snd = pub.create_sender("amq.topic/pprices", name=uid("pub"))
             for i in range(100):
-                snd.send(Message(body=link * 1000 + i))
-        pub.close()
+                snd.send(Message(body=k * 1000 + i))
+            pub.close()
         got = [take_all(r, timeout=1.5) for r in consumers]
     finally:
         for c in conns:
             c.close()
     everything = sorted(b for g in got for b in g)
-    assert everything == sorted(link * 1000 + i for link in range(4) for i in range(100)), "exactly once"
+    assert everything == sorted(k * 1000 + i for k in range(3) for i in range(100)), "exactly once"
     assert all(got), f"every consumer took a share: {[len(g) for g in got]}"
+    for k, node in enumerate(order):
+        other = next((order.index(m) for m in members if m != node), None)
+        if node in members:
+            assert not [b for b in got[k] if b // 1000 == other], \
+                f"the consumer at {node} took the other member's messages: {[len(g) for g in got]}"
 
 
 # ------------------------------------------------------------------ placement redirects
