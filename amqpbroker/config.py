@@ -307,7 +307,8 @@ class ClusterConfig(StrictModel):
                            "node that owns its client-id (for failover: clients), never mid-connection")
     handoff: bool = Field(True, description="serve --workers: a plain (not TLS, not WebSocket) client "
                           "connection whose first link's address another worker owns is handed, socket and "
-                          "all, to that worker (docs/cluster.md); false: its links are forwarded there")
+                          "all, to that worker, and those of a partitioned destination are dealt over its "
+                          "members' workers (docs/cluster.md); false: their links are forwarded there")
     listen_host: str = Field("127.0.0.1", description="where this node listens for the other nodes")
     listen_port: int = Field(5680, ge=0, le=65535, description="0: a free port")
     advertised: str | None = Field(None, description='"host:port" the other nodes connect to '

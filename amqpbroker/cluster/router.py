@@ -37,7 +37,7 @@ from ..core.placement import (
     replaces,
 )
 from ..config import ClientIdPolicy
-from ..core.handoff import Candidate, decide as decide_handoff
+from ..core.handoff import Candidate, decide as decide_handoff, spread_owner
 from ..core.message import JMS_DEST, MESSAGE_ANNOTATIONS
 from ..core.settlement import LinkEnding
 from ..core.subscriptions import SubscriptionKey, identity
@@ -213,6 +213,8 @@ class Router:
         # serve --workers: node → its hand-off socket (cluster/handoff.py); None: off.
         self.handoff_path: Callable[[str], str] | None = None
         self.handed_off_total = 0
+        # (partitioned destination, sender link?) → first attaches counted here (spread_owner)
+        self.spread_arrivals: dict[tuple[str, bool], int] = {}
         self.handoff_listener: Any = None
         self.client_address: Callable[[str], tuple[str, Any]] = lambda node: ("", 0)
         self.moves_allowed = False   # serve --workers: misplaced subscriptions move (cluster/moves.py)
@@ -288,7 +290,7 @@ class Router:
         if recorder is not None and recorder.recording:
             # The connection's first attach: hand the whole connection to the node that
             # owns its address when nothing of it exists elsewhere (core/handoff.py).
-            if self._hand_off(handler, recorder, placed):
+            if self._hand_off(handler, recorder, placed, link.is_sender):
                 return HANDED_OFF
             recorder.stop()
         if shape.consumer and isinstance(placed, (Forward, Local, Partitioned)):
@@ -323,10 +325,10 @@ class Router:
             return make
         return lambda: Recorder(make())
 
-    def _hand_off(self, handler: Any, recorder: Recorder, placed: Placement) -> bool:
+    def _hand_off(self, handler: Any, recorder: Recorder, placed: Placement, sender: bool) -> bool:
         payload = recorder.payload()
         node, why = decide_handoff(Candidate(
-            recording=recorder.recording, owner=placed.node if isinstance(placed, Forward) else None,
+            recording=recorder.recording, owner=self._handoff_owner(placed, sender),
             links=handler.links, claims_elsewhere=handler in self.sides, replayable=payload is not None,
             enabled=self.handoff_path is not None))
         if node is None or payload is None or self.handoff_path is None:
@@ -336,6 +338,19 @@ class Router:
             self.handed_off_total += 1
             return True
         return False
+
+    def _handoff_owner(self, placed: Placement, sender: bool) -> str | None:
+        """The node a connection whose first link is `placed` belongs to, None: here.  A
+        partitioned destination's connections are dealt over its members' nodes
+        (core/handoff.py spread_owner), consumers and producers counted apart."""
+        if isinstance(placed, Forward):
+            return placed.node
+        if not isinstance(placed, Partitioned) or self.handoff_path is None:
+            return None
+        key = (placed.address, sender)
+        arrivals = self.spread_arrivals.get(key, 0)
+        self.spread_arrivals[key] = arrivals + 1
+        return spread_owner(tuple(node for _, node in placed.members), self.node, arrivals)
 
     @staticmethod
     def _shape(link: Any) -> LinkShape:

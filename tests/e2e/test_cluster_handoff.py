@@ -17,6 +17,7 @@ import json
 import pytest
 from proton import Delivery, Endpoint, Message
 
+from amqpbroker.cluster.router import NODE_LISTENER
 from tests.client import connect
 from tests.cluster_process import ClusterProcess
 from tests.e2e.helpers_conn import REMOTE_ACTIVE, RawClient
@@ -28,6 +29,9 @@ pytestmark = pytest.mark.e2e
 CONFIG = """
 [users.alice]
 password = "alice-secret-1"
+
+[cluster]
+partitioned = [{address = "horders", members = 2}]
 """
 
 
@@ -203,6 +207,55 @@ def test_many_connections_on_the_shared_port_each_served_by_its_owner(cluster):
         finally:
             conn.close()
     assert sorted(got) == list(range(12))
+
+
+def where_served(cluster, cids: list[str]) -> list[str]:
+    """The node each container-id's client connection is served at (a node's links to
+    another member carry the client's container-id too, on its inter-node listener)."""
+    at = {c["container_id"]: node for node in ("n0", "n1", "n2") for c in connections(cluster, node)
+          if c["listener"] != NODE_LISTENER}
+    return [at.get(cid, "?") for cid in cids]
+
+
+def test_connections_of_a_partitioned_queue_are_dealt_over_its_members_nodes(cluster):
+    """A partitioned queue (members at n1 and n2; n0 owns nothing).  Four consumer and
+    four producer connections that all land on n0 are dealt over the members' nodes in turn (consumers and
+    producers counted apart, core/handoff.py spread_owner); three consumers that land on
+    n1 stay, go to n2, stay.  Then every producer writes to its node's own member and
+    every consumer reads its own member first: each message once, each consumer a share."""
+    view = json.loads(cluster.get("n1", "/api/cluster"))
+    a, b = [m["node"] for p in view["partitioned"] if p["address"] == "horders" for m in p["members"]]
+    assert {a, b} == {"n1", "n2"}, view["partitioned"]
+    before = handoff(cluster, "n0")["handed_total"], handoff(cluster, "n1")["handed_total"]
+    held, consumers, consumer_ids = [], [], []
+    try:
+        for url in [cluster.node_url("n0")] * 4 + [cluster.node_url("n1")] * 3:
+            cid = uid("hcons")
+            conn = connect(url, container_id=cid)
+            held.append(conn)
+            consumers.append(receiver(conn, "horders", credit=200))
+            consumer_ids.append(cid)
+        served = where_served(cluster, consumer_ids)
+        assert served == [a, b, a, b, "n1", "n2", "n1"], served
+        producer_ids, producers = [], []
+        for k in range(4):
+            cid = uid("hprod")
+            conn = connect(cluster.node_url("n0"), container_id=cid)
+            held.append(conn)
+            producers.append(sender(conn, "horders"))
+            producer_ids.append(cid)
+        assert where_served(cluster, producer_ids) == [a, b, a, b]
+        for k, snd in enumerate(producers):
+            for i in range(50):
+                snd.send(Message(body=k * 1000 + i, durable=True))
+        got = [drain_bodies(c, r, timeout=1.0) for c, r in zip(held, consumers)]   # the consumers' own
+    finally:
+        for conn in held:
+            conn.close()
+    assert sorted(b for g in got for b in g) == sorted(k * 1000 + i for k in range(4) for i in range(50))
+    assert all(got), f"every consumer took a share: {[len(g) for g in got]}"
+    after = handoff(cluster, "n0")["handed_total"], handoff(cluster, "n1")["handed_total"]
+    assert after == (before[0] + 8, before[1] + 1)
 
 
 def test_with_handoff_off_the_connection_stays_and_its_links_are_forwarded(tmp_path_factory):

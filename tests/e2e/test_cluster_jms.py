@@ -245,6 +245,7 @@ def test_a_claimed_connections_pipelined_frames_wait_for_the_grant(cluster):
 
 PARTITIONED = """
 [cluster]
+handoff = false   # each client stays at the node it connects to (tests/e2e/test_cluster_handoff.py deals them)
 partitioned = [{address = "porders", members = 2}, {address = "pprices", members = 2, topic = true}]
 """
 

@@ -28,6 +28,7 @@ groups = ["orders-app"]
 """
 CLUSTER = """
 [cluster]
+handoff = false   # each client stays at the node it connects to
 partitioned = [{ address = "orders", members = 2 }]
 """
 
