@@ -21,10 +21,12 @@ unsubscribe answered before the own member's deletion.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from proton import Delivery, Endpoint, Message
 
+from amqpbroker.cluster.partitioned import UNAVAILABLE
 from tests.client import connect, is_null_terminus
 from tests.cluster_process import ClusterProcess
 from tests.e2e.helpers_conn import RawClient
@@ -269,3 +271,52 @@ def test_consumers_at_both_members_nodes_read_their_own_member_and_cross_only_wh
     finally:
         at_first.close()
         at_second.close()
+
+
+def test_kill_of_the_other_members_node_ends_a_local_first_consumer_clearly_and_loses_nothing(tmp_path):
+    """kill -9 of the node of the member that is *not* the consumer's own, while the
+    consumer reads through the one name: its link is detached with the cluster's
+    resource-unavailable condition (as any consumer of a node that died: its client
+    attaches again), never silently or
+    with a traceback; what it Accepted of its own member is never delivered again, and
+    once the node is back every message is there to be received."""
+    cl = ClusterProcess(tmp_path / "data", config=CONFIG).start()
+    try:
+        node, own, other = own_and_other(cl, "forders")
+        other_node = members(cl, "forders")[1][1]
+        fill(cl, own, [["own", i] for i in range(60)])
+        fill(cl, other, [["other", i] for i in range(60)])
+        conn = connect(cl.node_url(node))
+        got = []
+        try:
+            rcv = receiver(conn, "forders", credit=10)
+            while len(got) < 20:
+                msg, dlv = fetch(conn, rcv, 5.0)
+                settle(dlv, Delivery.ACCEPTED)
+                got.append(tuple(msg.body))
+            mark = len(cl.lines)
+            cl.kill_node(other_node)
+            # Detached, not closed (its subscription, if durable, stays): AMQP 1.0 §2.6.4.
+            conn.wait(lambda: rcv.link.remote_condition is not None, timeout=15,
+                      msg="the link to end once a member's node is gone")
+            assert rcv.link.remote_condition.name == UNAVAILABLE, rcv.link.remote_condition
+            cl.wait_nodes(after=mark)
+        finally:
+            conn.close()
+        rest = []
+        for _ in range(50):   # the other node may still be recovering: its attach is refused meanwhile
+            again = connect(cl.node_url(node))
+            try:
+                rest = [tuple(b) for b in drain_bodies(again, receiver(again, "forders", credit=200), timeout=1.5)]
+                break
+            except Exception:   # noqa: BLE001
+                time.sleep(0.2)
+            finally:
+                again.close()
+        everything = {("own", i) for i in range(60)} | {("other", i) for i in range(60)}
+        assert everything <= set(got) | set(rest), f"lost: {sorted(everything - set(got) - set(rest))[:10]}"
+        again_own = {b for b in got if b[0] == "own"} & set(rest)
+        assert not again_own, f"Accepted from the own member, delivered again: {sorted(again_own)[:5]}"
+        assert "Traceback" not in cl.log_text()
+    finally:
+        cl.stop()

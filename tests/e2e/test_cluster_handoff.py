@@ -324,3 +324,53 @@ def test_kill_of_the_owner_of_a_handed_off_connection_loses_nothing_accepted(tmp
         assert len(got) == len(set(got))
     finally:
         proc.stop()
+
+
+def test_a_partitioned_consumer_dealt_to_a_paused_members_node_is_served_once_it_wakes(tmp_path):
+    """SIGSTOP of the node whose turn a consumer connection is: the socket waits in the
+    hand-off queue of the stopped node and is adopted when it wakes (SIGCONT): the
+    consumer is served there, reads its own member's messages, and the connection that
+    stayed reads its own."""
+    import os
+    import signal
+    import threading
+
+    cl = ClusterProcess(tmp_path / "data", config='[cluster]\npartitioned = [{address = "porders2", members = 2}]\n')
+    cl.start()
+    try:
+        view = json.loads(cl.get("n1", "/api/cluster"))
+        a, b = [m["node"] for p in view["partitioned"] if p["address"] == "porders2" for m in p["members"]]
+        first = connect(cl.node_url(a), container_id=uid("first"))
+        kept = receiver(first, "porders2", credit=50)           # a's first: stays at a
+        dealt_id, dealt = uid("dealt"), {}
+        os.kill(cl.worker_pid(b), signal.SIGSTOP)
+        try:
+            def attach() -> None:
+                conn = connect(cl.node_url(a), container_id=dealt_id)
+                dealt["conn"], dealt["rcv"] = conn, receiver(conn, "porders2", credit=50)   # a's second: b's turn
+            thread = threading.Thread(target=attach)
+            thread.start()
+            thread.join(1.5)
+            assert "rcv" not in dealt, "answered while the node it was dealt to is stopped"
+        finally:
+            os.kill(cl.worker_pid(b), signal.SIGCONT)
+        thread.join(15)
+        assert "rcv" in dealt, "the dealt consumer was never answered after SIGCONT"
+        try:
+            assert where_served(cl, [dealt_id]) == [b]
+            for node, tag in ((a, "at-a"), (b, "at-b")):
+                pub = connect(cl.node_url(node))   # each node's first producer: its own member
+                try:
+                    snd = sender(pub, "porders2")
+                    for i in range(10):
+                        snd.send(Message(body=[tag, i], durable=True))
+                finally:
+                    pub.close()
+            assert drain_bodies(first, kept) == [["at-a", i] for i in range(10)]
+            assert drain_bodies(dealt["conn"], dealt["rcv"]) == [["at-b", i] for i in range(10)]
+        finally:
+            dealt["conn"].close()
+            first.close()
+        assert "Traceback" not in cl.log_text()
+    finally:
+        cl.stop()
