@@ -345,7 +345,7 @@ class Router:
         (core/handoff.py spread_owner), consumers and producers counted apart."""
         if isinstance(placed, Forward):
             return placed.node
-        if not isinstance(placed, Partitioned) or self.handoff_path is None:
+        if not isinstance(placed, Partitioned):
             return None
         key = (placed.address, sender)
         arrivals = self.spread_arrivals.get(key, 0)

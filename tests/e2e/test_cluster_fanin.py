@@ -20,7 +20,6 @@ unsubscribe answered before the own member's deletion.
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
@@ -33,7 +32,7 @@ from tests.e2e.helpers_conn import RawClient
 from tests.e2e.helpers_delivery import drain_bodies, fetch, receiver, sender, settle, uid
 from tests.e2e.jms_links import close, detach, durable_consumer, null_source_attach
 from tests.e2e.test_cluster import owned_by
-from tests.e2e.test_cluster_jms import forwarding_at, member_bodies
+from tests.e2e.test_cluster_jms import forwarding_at, member_bodies, members
 from tests.e2e.test_credit_overdraft import overdraft_run
 
 pytestmark = pytest.mark.e2e
@@ -50,15 +49,6 @@ def cluster(tmp_path_factory):
     proc = ClusterProcess(tmp_path_factory.mktemp("cluster-fanin") / "data", config=CONFIG).start()
     yield proc
     proc.stop()
-
-
-def members(cluster, address: str) -> list[tuple[str, str]]:
-    """(member address, node) of each member of `address`, in member order."""
-    view = json.loads(cluster.get("n1", "/api/cluster"))
-    found = [[(m["address"], m["node"]) for m in p["members"]] for p in view["partitioned"]
-             if p["address"].rsplit("/", 1)[-1] == address]   # a topic's key: its exchange/name
-    assert len(found) == 1, view["partitioned"]
-    return found[0]
 
 
 def fill(cluster, address: str, bodies: list) -> None:

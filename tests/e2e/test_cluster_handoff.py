@@ -23,6 +23,7 @@ from tests.cluster_process import ClusterProcess
 from tests.e2e.helpers_conn import REMOTE_ACTIVE, RawClient
 from tests.e2e.helpers_delivery import drain_bodies, receiver, sender, uid
 from tests.e2e.test_cluster import owned_by
+from tests.e2e.test_cluster_jms import members
 
 pytestmark = pytest.mark.e2e
 
@@ -223,9 +224,8 @@ def test_connections_of_a_partitioned_queue_are_dealt_over_its_members_nodes(clu
     producers counted apart, core/handoff.py spread_owner); three consumers that land on
     n1 stay, go to n2, stay.  Then every producer writes to its node's own member and
     every consumer reads its own member first: each message once, each consumer a share."""
-    view = json.loads(cluster.get("n1", "/api/cluster"))
-    a, b = [m["node"] for p in view["partitioned"] if p["address"] == "horders" for m in p["members"]]
-    assert {a, b} == {"n1", "n2"}, view["partitioned"]
+    a, b = [node for _, node in members(cluster, "horders")]
+    assert {a, b} == {"n1", "n2"}
     before = handoff(cluster, "n0")["handed_total"], handoff(cluster, "n1")["handed_total"]
     held, consumers, consumer_ids = [], [], []
     try:
@@ -338,8 +338,7 @@ def test_a_partitioned_consumer_dealt_to_a_paused_members_node_is_served_once_it
     cl = ClusterProcess(tmp_path / "data", config='[cluster]\npartitioned = [{address = "porders2", members = 2}]\n')
     cl.start()
     try:
-        view = json.loads(cl.get("n1", "/api/cluster"))
-        a, b = [m["node"] for p in view["partitioned"] if p["address"] == "porders2" for m in p["members"]]
+        a, b = [node for _, node in members(cl, "porders2")]
         first = connect(cl.node_url(a), container_id=uid("first"))
         kept = receiver(first, "porders2", credit=50)           # a's first: stays at a
         dealt_id, dealt = uid("dealt"), {}

@@ -299,15 +299,22 @@ def test_a_producer_without_groups_sticks_to_one_member_and_a_consumer_reads_all
         assert [i for lk, i in got if lk == link] == list(range(10)), "each producer's order holds"
 
 
+def members(cluster, address: str) -> list[tuple[str, str]]:
+    """(member address, node) of each member of `address`, in member order."""
+    view = json.loads(cluster.get("n1", "/api/cluster"))
+    found = [[(m["address"], m["node"]) for m in p["members"]] for p in view["partitioned"]
+             if p["address"].rsplit("/", 1)[-1] == address]   # a topic's key: its exchange/name
+    assert len(found) == 1, view["partitioned"]
+    return found[0]
+
+
 def porders_members(cluster) -> tuple[tuple[str, str], tuple[str, str], str]:
     """`porders`'s member on a node that owns one (n1 or n2; n0 owns nothing), the other
     member, each as (address, node), and a group that belongs to the other member."""
-    view = json.loads(cluster.get("n1", "/api/cluster"))
-    members = [(m["address"], m["node"]) for p in view["partitioned"] if p["address"] == "porders"
-               for m in p["members"]]
-    here = next(i for i, (_, node) in enumerate(members) if node != "n0")
+    found = members(cluster, "porders")
+    here = next(i for i, (_, node) in enumerate(found) if node != "n0")
     group = next(g for g in (f"g{i}" for i in range(100)) if member_of(g, here, 2) == 1 - here)
-    return members[here], members[1 - here], group
+    return found[here], found[1 - here], group
 
 
 def forwarding_at(cluster, node: str) -> dict:
@@ -378,12 +385,6 @@ def test_a_producer_served_at_its_members_node_needs_the_members_permission_too(
     assert "amqp:unauthorized-access" in str(refused.value) and "porders.p" in str(refused.value)
 
 
-def pprices_member_nodes(cluster) -> set[str]:
-    view = json.loads(cluster.get("n1", "/api/cluster"))
-    return {m["node"] for p in view["partitioned"] if p["address"].rsplit("/", 1)[-1] == "pprices"
-            for m in p["members"]}
-
-
 def test_one_shared_subscription_on_a_partitioned_topic_across_nodes_gets_each_message_once(partitioned):
     """One shared subscription, a consumer at each of three nodes (two own a member of
     the topic, one owns none) and a producer at each node.  A producer at a member's node
@@ -394,8 +395,8 @@ def test_one_shared_subscription_on_a_partitioned_topic_across_nodes_gets_each_m
     the other member's node published while its own consumers had credit; the consumer
     at the third node reads both members."""
     nodes = partitioned.nodes()
-    members = pprices_member_nodes(partitioned)
-    assert len(members) == 2, members
+    member_nodes = {node for _, node in members(partitioned, "pprices")}
+    assert len(member_nodes) == 2, member_nodes
     sub = uid("psub")
     order = ("n0", "n1", "n2")
     conns = [connect(f"amqp://127.0.0.1:{nodes[n]}") for n in order]
@@ -415,8 +416,8 @@ def test_one_shared_subscription_on_a_partitioned_topic_across_nodes_gets_each_m
     assert everything == sorted(k * 1000 + i for k in range(3) for i in range(100)), "exactly once"
     assert all(got), f"every consumer took a share: {[len(g) for g in got]}"
     for k, node in enumerate(order):
-        other = next((order.index(m) for m in members if m != node), None)
-        if node in members:
+        other = next((order.index(m) for m in member_nodes if m != node), None)
+        if node in member_nodes:
             assert not [b for b in got[k] if b // 1000 == other], \
                 f"the consumer at {node} took the other member's messages: {[len(g) for g in got]}"
 
