@@ -99,7 +99,7 @@ class LocalFirstFanIn(FanInConsumer):
             self.local = h.attacher.attach(link, self.own)
         except AttachRefused as refused:
             h.server.forget_link(h, link)
-            self._detach_members(True)
+            self._detach_members(False)   # never an unsubscribe (FanInConsumer.member_detached)
             self.refuse_client(Condition(refused.condition, refused.description))
             return
         self.state = "open"

@@ -354,7 +354,12 @@ class FanInConsumer:
         if self.gone:
             return
         if self.state == "attaching":        # refused by a member: by all, for the client
-            self._detach_members(True)
+            # closed=false (AMQP 1.0 §2.6.6): a close of a durable subscription's link is
+            # an unsubscribe, so it would delete an existing subscription, backlog and
+            # all, on the members that accepted (a refusal while one member's node is
+            # down is routine).  A subscription this attach created there stays, as after
+            # a client's detach; its retry finds it.
+            self._detach_members(False)
             self.refuse_client(member.condition)
         elif self.state == "open":           # a member's node ended it: the link ends
             self._detach_members(False)

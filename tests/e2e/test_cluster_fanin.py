@@ -310,3 +310,75 @@ def test_kill_of_the_other_members_node_ends_a_local_first_consumer_clearly_and_
         assert "Traceback" not in cl.log_text()
     finally:
         cl.stop()
+
+
+def test_a_refused_attach_of_a_durable_subscription_never_deletes_its_copies(tmp_path):
+    """A shared durable subscription on a partitioned topic, with a backlog on both
+    members.  A consumer allowed on one member only attaches through the one name at
+    each node (no member, the allowed member's, the other's): a member's node refuses
+    it, and the fan-in ends the links the other members had accepted.  It must *detach*
+    them (closed=false), never close them: a close of a durable subscription's link is
+    an unsubscribe (AMQP 1.0 §2.6.6), and it deleted the copies, backlog and all, after
+    which every message published was Accepted and went nowhere (found by
+    tests/e2e/test_cluster_partitioned_nemesis.py: an attach refused while a member's
+    node was down)."""
+    from proton.utils import LinkDetached
+
+    from amqpbroker.core.placement import partition_members, static_map
+    from tests.e2e.jms_links import shared_consumer
+
+    slots = static_map(["n0", "n1", "n2"], {"n0": 0, "n1": 1, "n2": 1})
+    (allowed, allowed_node), (_, refused_node) = partition_members("rprices", 2, slots)
+    config = ('[cluster]\nhandoff = false\npartitioned = [{address = "rprices", members = 2, topic = true}]\n'
+              '[users.carol]\npassword = "carol-secret-1"\n'
+              '[management]\nallow_anonymous = true\n'
+              '[anonymous]\npermissions = ["all"]\n'
+              '[[acl]]\nuser = "carol"\npermissions = ["consume"]\npattern = "rprices"\n'
+              f'[[acl]]\nuser = "carol"\npermissions = ["consume"]\npattern = "amq.topic/{allowed}"\n')
+    cl = ClusterProcess(tmp_path / "data", config=config).start()
+    try:
+        sub = uid("rsub")
+        conn = connect(cl.node_url("n0"))
+        shared_consumer(conn, "rprices", sub, global_=True, credit=0)
+        conn.close()   # detached: the subscription stays on both members
+        fill_spread(cl, "amq.topic/rprices", per_node=10)
+        assert [depth_of(cl, node, sub) for node in ("n1", "n2")] == [10, 10], "a backlog on both members"
+        for node in ("n0", allowed_node, refused_node):
+            carol = connect(cl.node_url(node), user="carol", password="carol-secret-1", allowed_mechs="PLAIN")
+            try:
+                with pytest.raises(LinkDetached) as refused:
+                    shared_consumer(carol, "rprices", sub, global_=True, credit=0)
+            finally:
+                carol.close()
+            assert "amqp:unauthorized-access" in str(refused.value), str(refused.value)
+            depths = [depth_of(cl, n, sub) for n in ("n1", "n2")]
+            assert depths == [10, 10], f"after the refused attach at {node}: {depths} (None: copy deleted)"
+        conn = connect(cl.node_url("n0"))
+        try:
+            got = drain_bodies(conn, shared_consumer(conn, "rprices", sub, global_=True, credit=100), timeout=1.0)
+        finally:
+            conn.close()
+        assert sorted(got) == sorted(k * 100 + i for k in range(2) for i in range(10)), "every message once"
+        assert refused_node != allowed_node
+    finally:
+        cl.stop()
+
+
+def fill_spread(cluster, address: str, per_node: int) -> None:
+    """`per_node` durable messages published at each member's node (n1, n2): a
+    producer there writes to its own member, so both members get a backlog."""
+    for k, node in enumerate(("n1", "n2")):
+        conn = connect(cluster.node_url(node))
+        try:
+            snd = conn.create_sender(address, name=uid("pub"))
+            for i in range(per_node):
+                snd.send(Message(body=k * 100 + i, durable=True))
+        finally:
+            conn.close()
+
+
+def depth_of(cluster, node: str, sub: str) -> int | None:
+    """The depth of the subscription's copy at `node` (None: no copy there)."""
+    import json
+    found = [q["depth"] for q in json.loads(cluster.get(node, "/api/queues")) if sub in q["name"]]
+    return found[0] if found else None
