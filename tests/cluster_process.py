@@ -195,10 +195,11 @@ class ZkCluster:
     dead_letter_wait = 10.0
 
     def __init__(self, base: Path, config: str | None = None, nodes: tuple[str, ...] = ("a", "b", "c"),
-                 weights: str = "{ a = 0 }", cluster_extra: str = ""):
+                 weights: str = "{ a = 0 }", cluster_extra: str = "", node_extra: dict[str, str] | None = None):
         self.base = Path(base)
         self.config_text = config or ""
         self.cluster_extra = cluster_extra   # more [cluster] keys (one per line)
+        self.node_extra = node_extra or {}   # node → its own [cluster] keys (listen_port, advertised …)
         self.node_names = nodes
         self.weights = weights
         self.host = "127.0.0.1"
@@ -208,10 +209,12 @@ class ZkCluster:
 
     def member_config(self, node: str) -> str:
         nodes = ", ".join(f'"{n}"' for n in self.node_names)
+        own = self.node_extra.get(node, "")
+        port = "" if "listen_port" in own else "listen_port = 0\n"
         return (self.config_text + "\n[cluster]\n"
                 f'zookeeper = "{self.zk.hosts}"\nzookeeper_session_timeout = 4.0\nname = "{self.name}"\n'
-                f'node_id = "{node}"\nnodes = [{nodes}]\nweights = {self.weights}\nlisten_port = 0\n'
-                f'secret = "{self.SECRET}"\n' + self.cluster_extra)
+                f'node_id = "{node}"\nnodes = [{nodes}]\nweights = {self.weights}\n{port}'
+                f'secret = "{self.SECRET}"\n' + self.cluster_extra + own)
 
     def start(self) -> "ZkCluster":
         try:
