@@ -76,6 +76,7 @@ class Consumer(threading.Thread):
         self.url, self.queue = url, queue
         self.got: list[int] = []
         self.failures = 0
+        self.reasons: list[str] = []   # why its link or connection ended (printed)
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -94,8 +95,9 @@ class Consumer(threading.Thread):
                     self.got.append(msg.body)
                     rcv.accept()
                     time.sleep(0.01)   # slower than the producer: the cut finds it mid-queue
-            except Exception:   # noqa: BLE001 - attach again
+            except Exception as exc:   # noqa: BLE001 - attach again
                 self.failures += 1
+                self.reasons.append(str(exc)[:120])
                 time.sleep(0.2)
             finally:
                 if conn is not None:
@@ -161,7 +163,8 @@ def test_a_cut_and_healed_link_between_nodes_loses_nothing_accepted_and_recovers
         assert not missing, f"put at b, neither received at a nor left at b: {missing[:10]}"
         print(f"{how}: {len(producer.acked)} Accepted, {len(stored)} at b ({len(stored) - len(set(stored))} "
               f"copies); producer failures {producer.failures}, consumer failures {consumer.failures}, "
-              f"{len(consumer.got) - len(set(consumer.got))} deliveries again")
+              f"{len(consumer.got) - len(set(consumer.got))} deliveries again; consumer: {consumer.reasons}")
+        assert any("amqpbroker:resource-unavailable" in r for r in consumer.reasons), consumer.reasons
         assert "Traceback" not in cl.log_text()
     finally:
         cl.stop()
