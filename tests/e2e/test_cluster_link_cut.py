@@ -19,16 +19,16 @@ attached again after a failure), as a JMS client on a failover URI is.
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
-from proton import Delivery, Message, Timeout
+from proton import Message
 
 from tests.client import connect
 from tests.cluster_process import ZkCluster
 from tests.e2e.ha_harness import free_port
 from tests.e2e.helpers_delivery import drain_bodies, receiver, sender
+from tests.e2e.retrying_clients import AcceptedProducer, AcceptingConsumer, stop_all
 from tests.e2e.test_cluster_zk import owned_by
 from tests.faults.relay import PARTITION, RESET, Relay
 
@@ -36,75 +36,6 @@ pytestmark = pytest.mark.e2e
 
 BEFORE, DURING, AFTER = 150, 1, 150   # Accepted sends before the cut, failures during it, Accepted after the heal
 FILL = 400                            # messages waiting at b for the consumer at a
-
-
-class Producer(threading.Thread):
-    def __init__(self, url: str, queue: str):
-        super().__init__(daemon=True)
-        self.url, self.queue = url, queue
-        self.acked: list[int] = []
-        self.failures = 0
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        n = 0
-        while not self.stop.is_set():
-            conn = None
-            try:
-                conn = connect(self.url, timeout=5)
-                snd = sender(conn, self.queue)
-                while not self.stop.is_set():
-                    dlv = snd.send(Message(body=n, durable=True), timeout=5)
-                    if dlv.remote_state != Delivery.ACCEPTED:
-                        raise RuntimeError(f"outcome {dlv.remote_state}")
-                    self.acked.append(n)
-                    n += 1
-            except Exception:   # noqa: BLE001 - the way to b is cut: connect again, send n again
-                self.failures += 1
-                time.sleep(0.2)
-            finally:
-                if conn is not None:
-                    try:
-                        conn.close()
-                    except Exception:   # noqa: BLE001
-                        pass
-
-
-class Consumer(threading.Thread):
-    def __init__(self, url: str, queue: str):
-        super().__init__(daemon=True)
-        self.url, self.queue = url, queue
-        self.got: list[int] = []
-        self.failures = 0
-        self.reasons: list[str] = []   # why its link or connection ended (printed)
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            conn = None
-            try:
-                conn = connect(self.url, timeout=5)
-                rcv = receiver(conn, self.queue, credit=10)
-                while not self.stop.is_set():
-                    try:
-                        msg = rcv.receive(timeout=0.5)
-                    except Timeout:
-                        if rcv.link.remote_condition is not None:   # detached by a (b went away)
-                            raise RuntimeError(rcv.link.remote_condition.name) from None
-                        continue
-                    self.got.append(msg.body)
-                    rcv.accept()
-                    time.sleep(0.01)   # slower than the producer: the cut finds it mid-queue
-            except Exception as exc:   # noqa: BLE001 - attach again
-                self.failures += 1
-                self.reasons.append(str(exc)[:120])
-                time.sleep(0.2)
-            finally:
-                if conn is not None:
-                    try:
-                        conn.close()
-                    except Exception:   # noqa: BLE001
-                        pass
 
 
 def wait_for(what: str, check, timeout: float = 120.0) -> None:
@@ -131,7 +62,10 @@ def test_a_cut_and_healed_link_between_nodes_loses_nothing_accepted_and_recovers
                 snd.send(Message(body=i, durable=True))
         finally:
             filler.close()
-        producer, consumer = Producer(cl.node_url("a"), qp), Consumer(cl.node_url("a"), qc)
+        at_a = lambda: cl.node_url("a")   # noqa: E731
+        producer = AcceptedProducer("producer", at_a, qp, body=lambda n: n)
+        # Slower than the producer: the cut finds it in the middle of the queue.
+        consumer = AcceptingConsumer("consumer", at_a, lambda c: receiver(c, qc, credit=10), pace=0.01)
         producer.start()
         consumer.start()
         try:
@@ -147,10 +81,7 @@ def test_a_cut_and_healed_link_between_nodes_loses_nothing_accepted_and_recovers
             wait_for("sends Accepted through a after the heal", lambda: len(producer.acked) >= healed + AFTER)
             wait_for("the consumer to go on after the heal", lambda: len(set(consumer.got)) >= FILL, timeout=180)
         finally:
-            producer.stop.set()
-            consumer.stop.set()
-            producer.join(30)
-            consumer.join(30)
+            stop_all([producer, consumer])
         direct = connect(cl.node_url("b"))
         try:
             stored = drain_bodies(direct, receiver(direct, qp, credit=5000), timeout=2.0)

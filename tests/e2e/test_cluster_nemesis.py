@@ -13,60 +13,22 @@ allowed: a message stored whose Accepted was lost with a node is sent again).
 
 from __future__ import annotations
 
-import os
 import random
-import signal
-import threading
-import time
 import uuid
 
 import pytest
-from proton import Message
 
 from amqpbroker.core.placement import slot_of
 from tests.client import connect
 from tests.cluster_process import ClusterProcess
-from tests.e2e.helpers_delivery import drain_bodies, receiver, sender
+from tests.e2e.helpers_delivery import drain_bodies, receiver
+from tests.e2e.retrying_clients import AcceptedProducer, kill_or_pause, stop_all, wait_for_more_acks
 
 pytestmark = pytest.mark.e2e
 
 SEED = 28
 FAULTS = 6
 PER_FAULT = 60            # acknowledged messages between two faults
-
-
-class Producer(threading.Thread):
-    """Sends (name, n) for n = 0, 1, ... to `queue` through `url`, each until Accepted."""
-
-    def __init__(self, name: str, url_of, queue: str):
-        super().__init__(daemon=True)
-        self.name_ = name
-        self.url_of = url_of
-        self.queue = queue
-        self.acked: list[int] = []
-        self.stop = threading.Event()
-        self.errors = 0
-
-    def run(self) -> None:
-        n = 0
-        while not self.stop.is_set():
-            conn = None
-            try:
-                conn = connect(self.url_of(), timeout=5)
-                snd = sender(conn, self.queue)
-                while not self.stop.is_set():
-                    snd.send(Message(body=[self.name_, n], durable=True), timeout=10)
-                    self.acked.append(n)
-                    n += 1
-            except Exception:   # noqa: BLE001 - a node went: connect again, send n again
-                self.errors += 1
-                time.sleep(0.2)
-            finally:
-                if conn is not None:
-                    try:
-                        conn.close()
-                    except Exception:   # noqa: BLE001
-                        pass
 
 
 @pytest.fixture
@@ -86,40 +48,20 @@ def test_nothing_acknowledged_is_lost_under_kills_and_pauses(cluster):
             if owners[slot_of(q)] == node:
                 queues[node] = q
                 break
-    producers = [Producer("via-n0-to-n1", lambda: cl.node_url("n0"), queues["n1"]),
-                 Producer("via-n0-to-n2", lambda: cl.node_url("n0"), queues["n2"]),
-                 Producer("via-n1-to-n2", lambda: cl.node_url("n1"), queues["n2"])]
+    producers = [AcceptedProducer("via-n0-to-n1", lambda: cl.node_url("n0"), queues["n1"]),
+                 AcceptedProducer("via-n0-to-n2", lambda: cl.node_url("n0"), queues["n2"]),
+                 AcceptedProducer("via-n1-to-n2", lambda: cl.node_url("n1"), queues["n2"])]
     rng = random.Random(SEED)
     done_faults = []
     try:
         for p in producers:
             p.start()
         for fault in range(FAULTS):
-            target = sum(len(p.acked) for p in producers) + PER_FAULT
-            deadline = time.monotonic() + 120
-            while sum(len(p.acked) for p in producers) < target and time.monotonic() < deadline:
-                time.sleep(0.05)
-            node = rng.choice(["n0", "n1", "n2"])
-            if rng.random() < 0.5:
-                mark = len(cl.lines)
-                cl.kill_node(node)
-                cl.wait_nodes(after=mark, timeout=60)      # started again on its store
-                done_faults.append(f"kill {node}")
-            else:
-                pid = cl.worker_pid(node)
-                os.kill(pid, signal.SIGSTOP)
-                time.sleep(rng.uniform(0.3, 1.5))        # the pause itself is the fault
-                os.kill(pid, signal.SIGCONT)
-                done_faults.append(f"pause {node}")
-        target = sum(len(p.acked) for p in producers) + PER_FAULT   # and some more after the last
-        deadline = time.monotonic() + 120
-        while sum(len(p.acked) for p in producers) < target and time.monotonic() < deadline:
-            time.sleep(0.05)
+            wait_for_more_acks(producers, PER_FAULT)
+            done_faults.append(kill_or_pause(cl, rng.choice(["n0", "n1", "n2"]), rng))
+        wait_for_more_acks(producers, PER_FAULT)   # and some more after the last
     finally:
-        for p in producers:
-            p.stop.set()
-        for p in producers:
-            p.join(30)
+        stop_all(producers)
     found: dict[str, list[int]] = {p.name_: [] for p in producers}
     for node, q in queues.items():
         conn = connect(cl.node_url(node))
@@ -134,4 +76,4 @@ def test_nothing_acknowledged_is_lost_under_kills_and_pauses(cluster):
     assert len(done_faults) == FAULTS
     duplicates = sum(len(v) - len(set(v)) for v in found.values())
     print(f"faults {done_faults}; acknowledged {sum(len(p.acked) for p in producers)}; "
-          f"duplicates {duplicates}; producer reconnects {[p.errors for p in producers]}")
+          f"duplicates {duplicates}; producer reconnects {[p.failures for p in producers]}")

@@ -29,18 +29,17 @@ from __future__ import annotations
 
 import os
 import random
-import signal
-import threading
 import time
-from typing import Callable
 
 import pytest
-from proton import Delivery, Message, Timeout
+from proton import Timeout
 
 from tests.client import connect
 from tests.cluster_process import ClusterProcess
-from tests.e2e.helpers_delivery import receiver, sender, uid
+from tests.e2e.helpers_delivery import receiver, uid
 from tests.e2e.jms_links import shared_consumer
+from tests.e2e.retrying_clients import (AcceptedProducer, AcceptingConsumer, acknowledged, kill_or_pause,
+                                        stop_all, wait_for_more_acks)
 from tests.e2e.test_cluster_jms import members
 
 pytestmark = pytest.mark.e2e
@@ -57,114 +56,16 @@ partitioned = [{{address = "{QUEUE}", members = 2}}, {{address = "{TOPIC}", memb
 """
 
 
-class Client(threading.Thread):
-    """Connects to a node drawn from its own seeded generator, does `work` until stopped
-    or until the connection or link fails, then connects again."""
-
-    def __init__(self, name: str, cluster: ClusterProcess, seed: int):
-        super().__init__(daemon=True)
-        self.name_ = name
-        self.cluster = cluster
-        self.rng = random.Random(seed)
-        self.stop = threading.Event()
-        self.errors: list[str] = []
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            conn = None
-            try:
-                conn = connect(self.cluster.node_url(self.rng.choice(NODES)), container_id=uid(self.name_),
-                               timeout=5)
-                self.work(conn)
-            except Exception as exc:   # noqa: BLE001 - a node went: connect again
-                self.errors.append(type(exc).__name__)
-                time.sleep(0.2)
-            finally:
-                if conn is not None:
-                    try:
-                        conn.close()
-                    except Exception:   # noqa: BLE001 - already gone with its node
-                        pass
-
-    def work(self, conn) -> None:
-        raise NotImplementedError
-
-
-class Producer(Client):
-    """Sends [name, n] for n = 0, 1, ... durable, each again until it is Accepted."""
-
-    def __init__(self, name: str, cluster: ClusterProcess, seed: int, address: str):
-        super().__init__(name, cluster, seed)
-        self.address = address
-        self.acked: list[int] = []
-        self.next = 0
-
-    def work(self, conn) -> None:
-        snd = sender(conn, self.address)
-        while not self.stop.is_set():
-            dlv = snd.send(Message(body=[self.name_, self.next], durable=True), timeout=10)
-            if dlv.remote_state != Delivery.ACCEPTED:
-                raise RuntimeError(f"outcome {dlv.remote_state}")
-            self.acked.append(self.next)
-            self.next += 1
-
-
-class Consumer(Client):
-    """Receives and accepts through `attach(conn)`; a detach the blocking client does
-    not raise for (a fan-in member's node went: the link is detached, not closed) is
-    seen on its remote condition, and the consumer attaches again."""
-
-    def __init__(self, name: str, cluster: ClusterProcess, seed: int, attach: Callable):
-        super().__init__(name, cluster, seed)
-        self.attach = attach
-        self.got: list[tuple] = []
-        self.last = time.monotonic()
-
-    def work(self, conn) -> None:
-        rcv = self.attach(conn)
-        while not self.stop.is_set():
-            try:
-                msg = rcv.receive(timeout=0.5)
-            except Timeout:
-                if rcv.link.remote_condition is not None:
-                    raise RuntimeError(f"detached: {rcv.link.remote_condition.name}") from None
-                continue
-            self.got.append(tuple(msg.body))
-            self.last = time.monotonic()
-            rcv.accept()
-
-
-def acknowledged(producers: list[Producer]) -> int:
-    return sum(len(p.acked) for p in producers)
-
-
-def wait_for_acks(producers: list[Producer], target: int) -> None:
-    deadline = time.monotonic() + 120
-    while acknowledged(producers) < target and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
-def run_nemesis(cl: ClusterProcess, rng: random.Random, producers: list[Producer]) -> list[str]:
+def run_nemesis(cl: ClusterProcess, rng: random.Random, producers: list[AcceptedProducer]) -> list[str]:
     done = []
     for _ in range(FAULTS):
-        wait_for_acks(producers, acknowledged(producers) + PER_FAULT)
-        node = rng.choice(NODES)
-        if rng.random() < 0.5:
-            mark = len(cl.lines)
-            cl.kill_node(node)
-            cl.wait_nodes(after=mark, timeout=60)      # started again on its store
-            done.append(f"kill {node}")
-        else:
-            pid = cl.worker_pid(node)
-            os.kill(pid, signal.SIGSTOP)
-            time.sleep(rng.uniform(0.3, 1.5))        # the pause itself is the fault
-            os.kill(pid, signal.SIGCONT)
-            done.append(f"pause {node}")
-    wait_for_acks(producers, acknowledged(producers) + PER_FAULT)   # and some more after the last
+        wait_for_more_acks(producers, PER_FAULT)
+        done.append(kill_or_pause(cl, rng.choice(NODES), rng))
+    wait_for_more_acks(producers, PER_FAULT)   # and some more after the last
     return done
 
 
-def settle_down(consumers: list[Consumer], quiet: float = 3.0) -> None:
+def settle_down(consumers: list[AcceptingConsumer], quiet: float = 3.0) -> None:
     """Until no consumer has received anything for `quiet` seconds (at most a minute)."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and time.monotonic() - max(c.last for c in consumers) < quiet:
@@ -205,30 +106,29 @@ def test_nothing_acknowledged_to_a_partitioned_destination_is_lost_under_kills_a
         assert {node for _, node in members(cl, QUEUE)} == {"n1", "n2"}
         sub = uid("nsub")
         rng = random.Random(seed)
-        consumers = [Consumer(f"q-consumer-{k}", cl, seed * 100 + k, lambda c: receiver(c, QUEUE, credit=20))
-                     for k in range(3)]
-        consumers += [Consumer(f"t-consumer-{k}", cl, seed * 100 + 10 + k,
-                               lambda c: shared_consumer(c, TOPIC, sub, global_=True, credit=20))
+        def anywhere(seed: int):
+            pick = random.Random(seed)
+            return lambda: cl.node_url(pick.choice(NODES))
+
+        consumers = [AcceptingConsumer(f"q-consumer-{k}", anywhere(seed * 100 + k),
+                                       lambda c: receiver(c, QUEUE, credit=20)) for k in range(3)]
+        consumers += [AcceptingConsumer(f"t-consumer-{k}", anywhere(seed * 100 + 10 + k),
+                                        lambda c: shared_consumer(c, TOPIC, sub, global_=True, credit=20))
                       for k in range(3)]
         for c in consumers:
             c.start()
         _wait_subscribed(cl, sub)
-        producers = [Producer(f"q-producer-{k}", cl, seed * 100 + 20 + k, QUEUE) for k in range(3)]
-        producers += [Producer(f"t-producer-{k}", cl, seed * 100 + 30 + k, f"amq.topic/{TOPIC}") for k in range(2)]
+        producers = [AcceptedProducer(f"q-producer-{k}", anywhere(seed * 100 + 20 + k), QUEUE) for k in range(3)]
+        producers += [AcceptedProducer(f"t-producer-{k}", anywhere(seed * 100 + 30 + k), f"amq.topic/{TOPIC}")
+                      for k in range(2)]
         try:
             for p in producers:
                 p.start()
             faults = run_nemesis(cl, rng, producers)
         finally:
-            for p in producers:
-                p.stop.set()
-            for p in producers:
-                p.join(30)
+            stop_all(producers)
         settle_down(consumers)
-        for c in consumers:
-            c.stop.set()
-        for c in consumers:
-            c.join(30)
+        stop_all(consumers)
         left = remaining(cl, sub)
         seen: dict[str, set[int]] = {p.name_: set() for p in producers}
         for name, n in [b for c in consumers for b in c.got] + left:
@@ -236,7 +136,7 @@ def test_nothing_acknowledged_to_a_partitioned_destination_is_lost_under_kills_a
         lost = {p.name_: sorted(set(p.acked) - seen[p.name_])[:10] for p in producers}
         summary = (f"seed {seed}: faults {faults}; acknowledged {acknowledged(producers)}; received "
                    f"{sum(len(c.got) for c in consumers)} + {len(left)} left; "
-                   f"reconnects {[len(c.errors) for c in producers + consumers]}")
+                   f"reconnects {[c.failures for c in producers + consumers]}")
         print(summary)
         assert not any(lost.values()), f"lost: {lost}\n{summary}"
         assert all(p.acked for p in producers), f"every producer got through: {summary}"
