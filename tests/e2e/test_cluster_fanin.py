@@ -51,8 +51,10 @@ def cluster(tmp_path_factory):
     proc.stop()
 
 
-def fill(cluster, address: str, bodies: list) -> None:
-    conn = connect(cluster.url)
+def fill(cluster, address: str, bodies: list, node: str | None = None) -> None:
+    """Durable messages to `address`, through n0 or `node` (a producer at a member's
+    node writes to its own member)."""
+    conn = connect(cluster.node_url(node) if node else cluster.url)
     try:
         snd = sender(conn, address)
         for b in bodies:
@@ -341,7 +343,8 @@ def test_a_refused_attach_of_a_durable_subscription_never_deletes_its_copies(tmp
         conn = connect(cl.node_url("n0"))
         shared_consumer(conn, "rprices", sub, global_=True, credit=0)
         conn.close()   # detached: the subscription stays on both members
-        fill_spread(cl, "amq.topic/rprices", per_node=10)
+        for k, node in enumerate(("n1", "n2")):   # each member's node: its own member
+            fill(cl, "amq.topic/rprices", [k * 100 + i for i in range(10)], node=node)
         assert [depth_of(cl, node, sub) for node in ("n1", "n2")] == [10, 10], "a backlog on both members"
         for node in ("n0", allowed_node, refused_node):
             carol = connect(cl.node_url(node), user="carol", password="carol-secret-1", allowed_mechs="PLAIN")
@@ -362,19 +365,6 @@ def test_a_refused_attach_of_a_durable_subscription_never_deletes_its_copies(tmp
         assert refused_node != allowed_node
     finally:
         cl.stop()
-
-
-def fill_spread(cluster, address: str, per_node: int) -> None:
-    """`per_node` durable messages published at each member's node (n1, n2): a
-    producer there writes to its own member, so both members get a backlog."""
-    for k, node in enumerate(("n1", "n2")):
-        conn = connect(cluster.node_url(node))
-        try:
-            snd = conn.create_sender(address, name=uid("pub"))
-            for i in range(per_node):
-                snd.send(Message(body=k * 100 + i, durable=True))
-        finally:
-            conn.close()
 
 
 def depth_of(cluster, node: str, sub: str) -> int | None:

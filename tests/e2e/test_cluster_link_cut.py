@@ -19,8 +19,6 @@ attached again after a failure), as a JMS client on a failover URI is.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from proton import Message
 
@@ -29,22 +27,14 @@ from tests.cluster_process import ZkCluster
 from tests.e2e.ha_harness import free_port
 from tests.e2e.helpers_delivery import drain_bodies, receiver, sender
 from tests.e2e.retrying_clients import AcceptedProducer, AcceptingConsumer, stop_all
-from tests.e2e.test_cluster_zk import owned_by
+from tests.e2e.test_cluster_zk import eventually, owned_by
 from tests.faults.relay import PARTITION, RESET, Relay
 
 pytestmark = pytest.mark.e2e
 
 BEFORE, DURING, AFTER = 150, 1, 150   # Accepted sends before the cut, failures during it, Accepted after the heal
 FILL = 400                            # messages waiting at b for the consumer at a
-
-
-def wait_for(what: str, check, timeout: float = 120.0) -> None:
-    """Counts, not clocks: the deadline only stops a hung test."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+WAIT = 120.0                          # seconds before a wait is given up (a hung test)
 
 
 @pytest.mark.parametrize("how", [RESET, PARTITION])
@@ -69,17 +59,18 @@ def test_a_cut_and_healed_link_between_nodes_loses_nothing_accepted_and_recovers
         producer.start()
         consumer.start()
         try:
-            wait_for("sends Accepted through a before the cut", lambda: len(producer.acked) >= BEFORE)
-            wait_for("the consumer at a reading b's queue", lambda: len(consumer.got) >= 20)
+            # Counts, not clocks: the deadlines (WAIT) only stop a hung test.
+            eventually(lambda: len(producer.acked) >= BEFORE, WAIT, "sends Accepted through a before the cut")
+            eventually(lambda: len(consumer.got) >= 20, WAIT, "the consumer at a reading b's queue")
             relay.cut(how)
             failed = producer.failures
-            wait_for("a send through a to fail while the link is cut", lambda: producer.failures >= failed + DURING)
+            eventually(lambda: producer.failures >= failed + DURING, WAIT, "a send through a to fail in the cut")
             if how == PARTITION:   # held until a's idle timeout gives the connection up (cluster/peer.py)
-                wait_for("the consumer's link at a to end while the link is cut", lambda: consumer.failures >= 1)
+                eventually(lambda: consumer.failures >= 1, WAIT, "the consumer's link at a to end in the cut")
             relay.heal()
             healed = len(producer.acked)
-            wait_for("sends Accepted through a after the heal", lambda: len(producer.acked) >= healed + AFTER)
-            wait_for("the consumer to go on after the heal", lambda: len(set(consumer.got)) >= FILL, timeout=180)
+            eventually(lambda: len(producer.acked) >= healed + AFTER, WAIT, "sends Accepted through a after the heal")
+            eventually(lambda: len(set(consumer.got)) >= FILL, 1.5 * WAIT, "the consumer to go on after the heal")
         finally:
             stop_all([producer, consumer])
         direct = connect(cl.node_url("b"))

@@ -32,15 +32,15 @@ import random
 import time
 
 import pytest
-from proton import Timeout
 
 from tests.client import connect
 from tests.cluster_process import ClusterProcess
-from tests.e2e.helpers_delivery import receiver, uid
+from tests.e2e.helpers_delivery import drain_bodies, receiver, uid
 from tests.e2e.jms_links import shared_consumer
 from tests.e2e.retrying_clients import (AcceptedProducer, AcceptingConsumer, acknowledged, kill_or_pause,
                                         stop_all, wait_for_more_acks)
 from tests.e2e.test_cluster_jms import members
+from tests.e2e.test_cluster_zk import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -75,21 +75,15 @@ def settle_down(consumers: list[AcceptingConsumer], quiet: float = 3.0) -> None:
 def remaining(cl: ClusterProcess, sub: str) -> list[tuple]:
     """What is still stored, read through each destination's one name at a member's
     node (fan-in from both members); tried again while a node is still starting."""
-    for attempt in range(30):
+    for _ in range(30):
         conn = None
-        found: list[tuple] = []
         try:
             conn = connect(cl.node_url("n1"), timeout=5)
-            for rcv in (receiver(conn, QUEUE, credit=2000), shared_consumer(conn, TOPIC, sub, global_=True,
-                                                                              credit=2000)):
-                while True:
-                    try:
-                        msg = rcv.receive(timeout=2.0)
-                    except Timeout:
-                        break
-                    found.append(tuple(msg.body))
-                    rcv.accept()
-                assert rcv.link.remote_condition is None, rcv.link.remote_condition
+            found: list[tuple] = []
+            for rcv in (receiver(conn, QUEUE, credit=2000),
+                        shared_consumer(conn, TOPIC, sub, global_=True, credit=2000)):
+                found += [tuple(b) for b in drain_bodies(conn, rcv, timeout=2.0)]
+                assert rcv.link.remote_condition is None, rcv.link.remote_condition   # read to the end, not cut
             return found
         except Exception:   # noqa: BLE001 - a node is still starting: again
             time.sleep(0.5)
@@ -99,6 +93,12 @@ def remaining(cl: ClusterProcess, sub: str) -> list[tuple]:
     raise AssertionError("the destinations could not be read to the end after the nemesis")
 
 
+def anywhere(cl: ClusterProcess, seed: int):
+    """A client's choice of node at each connection, from its own seeded generator."""
+    pick = random.Random(seed)
+    return lambda: cl.node_url(pick.choice(NODES))
+
+
 @pytest.mark.parametrize("seed", range(FIRST_SEED, FIRST_SEED + SCHEDULES))
 def test_nothing_acknowledged_to_a_partitioned_destination_is_lost_under_kills_and_pauses(tmp_path, seed):
     cl = ClusterProcess(tmp_path / "data", config=CONFIG).start()
@@ -106,20 +106,16 @@ def test_nothing_acknowledged_to_a_partitioned_destination_is_lost_under_kills_a
         assert {node for _, node in members(cl, QUEUE)} == {"n1", "n2"}
         sub = uid("nsub")
         rng = random.Random(seed)
-        def anywhere(seed: int):
-            pick = random.Random(seed)
-            return lambda: cl.node_url(pick.choice(NODES))
-
-        consumers = [AcceptingConsumer(f"q-consumer-{k}", anywhere(seed * 100 + k),
+        consumers = [AcceptingConsumer(f"q-consumer-{k}", anywhere(cl, seed * 100 + k),
                                        lambda c: receiver(c, QUEUE, credit=20)) for k in range(3)]
-        consumers += [AcceptingConsumer(f"t-consumer-{k}", anywhere(seed * 100 + 10 + k),
+        consumers += [AcceptingConsumer(f"t-consumer-{k}", anywhere(cl, seed * 100 + 10 + k),
                                         lambda c: shared_consumer(c, TOPIC, sub, global_=True, credit=20))
                       for k in range(3)]
         for c in consumers:
             c.start()
         _wait_subscribed(cl, sub)
-        producers = [AcceptedProducer(f"q-producer-{k}", anywhere(seed * 100 + 20 + k), QUEUE) for k in range(3)]
-        producers += [AcceptedProducer(f"t-producer-{k}", anywhere(seed * 100 + 30 + k), f"amq.topic/{TOPIC}")
+        producers = [AcceptedProducer(f"q-producer-{k}", anywhere(cl, seed * 100 + 20 + k), QUEUE) for k in range(3)]
+        producers += [AcceptedProducer(f"t-producer-{k}", anywhere(cl, seed * 100 + 30 + k), f"amq.topic/{TOPIC}")
                       for k in range(2)]
         try:
             for p in producers:
@@ -148,10 +144,5 @@ def test_nothing_acknowledged_to_a_partitioned_destination_is_lost_under_kills_a
 def _wait_subscribed(cl: ClusterProcess, sub: str) -> None:
     """The topic's producers start once the subscription exists on both members: a
     message published before it would rightly go to nobody."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        text = cl.get("n1", "/api/queues") + cl.get("n2", "/api/queues")
-        if text.count(sub) >= 2:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"subscription {sub} not on both members")
+    eventually(lambda: (cl.get("n1", "/api/queues") + cl.get("n2", "/api/queues")).count(sub) >= 2, 30,
+               f"subscription {sub} on both members")
