@@ -110,9 +110,22 @@ class ZooKeeper:
         except OSError:
             return False
 
-    def sessions(self) -> set[str]:
+    def sessions(self, looks: int = 3) -> set[str]:
         """The ids of the sessions ZooKeeper keeps now (the `dump` four-letter word's
-        session sets): a test sees a session expire when its id leaves the set."""
+        session sets): a test sees a session expire when its id leaves the set.
+
+        One dump can miss a live session: ZooKeeper lists its expiry buckets from a copy
+        of their keys, and a session touched meanwhile moves to a bucket the copy does not
+        hold. So this is the union of a few dumps a moment apart; a session is gone only
+        when none of them lists it."""
+        found: set[str] = set()
+        for look in range(looks):
+            if look:
+                time.sleep(0.05)
+            found |= self._dumped_sessions()
+        return found
+
+    def _dumped_sessions(self) -> set[str]:
         with socket.create_connection(("127.0.0.1", self.port), timeout=5) as s:
             s.sendall(b"dump")
             chunks = []
