@@ -92,6 +92,7 @@ class _Pipe:
             else:
                 w.close()
         self.relay._pipes.discard(self)
+        self.relay.ended += 1
 
 
 class Relay:
@@ -102,6 +103,7 @@ class Relay:
         self.hold_down_after: int | None = None
         self.port = 0
         self.connections = 0            # accepted so far (tests count reconnects with it)
+        self.ended = 0                  # relayed connections closed or reset since (by either end or a cut)
         self._pipes: set[_Pipe] = set()
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.AbstractServer | None = None
