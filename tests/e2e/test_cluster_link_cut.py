@@ -128,11 +128,11 @@ def test_a_brief_partition_between_nodes_is_a_stall_not_a_failure(tmp_path):
         try:
             ended = relay.ended
             relay.cut(PARTITION)
-            time.sleep(0.2)   # what was already past the relay completes
             stalled_at = len(producer.acked)
             time.sleep(STALL)
-            # Forwarded sends wait for b's outcome: none can be Accepted while the way is held.
-            assert len(producer.acked) == stalled_at, "a forwarded send was Accepted across the partition"
+            # Forwarded sends wait for b's outcome: none can be Accepted while the way is held
+            # but the one whose outcome was already past the relay (the producer sends one at a time).
+            assert len(producer.acked) <= stalled_at + 1, "a forwarded send was Accepted across the partition"
             relay.heal()
             healed = len(producer.acked)
             eventually(lambda: len(producer.acked) >= healed + AFTER, WAIT, "sends Accepted through a after the heal")
