@@ -13,7 +13,8 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
@@ -542,6 +543,20 @@ class Settings(BaseSettings):
     @classmethod
     def _lower(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value
+
+    @field_validator("cluster")
+    @classmethod
+    def _partitioned(cls, cluster: "ClusterConfig | None", info: ValidationInfo) -> "ClusterConfig | None":
+        """`[[cluster.partitioned]]` read against the exchanges configured above it: each
+        must mean one destination (core/placement.py `partitioned_keys`)."""
+        if cluster is not None and cluster.partitioned:
+            from .core.broker import BUILTIN_EXCHANGES
+            from .core.placement import partitioned_keys
+            exchanges = {name: kind.value for name, kind in BUILTIN_EXCHANGES}
+            exchanges.update({e.name: e.type for e in info.data.get("exchanges", [])})
+            partitioned_keys(((p.address, p.topic, p.members) for p in cluster.partitioned),
+                             exchanges=exchanges, pinned=frozenset(cluster.pinned_exchanges))
+        return cluster
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings,

@@ -214,6 +214,13 @@ def test_config_check_runs_the_start_checks_beyond_the_models(tmp_path):
     ('[policy]\ndead_letter_address = "  "', "policy.dead_letter_address"),
     # ActiveMQ Artemis writes -1 for "unlimited"; here it dead-lettered at the first failure.
     ('[[queues]]\nname = "q"\nmax_delivery_attempts = -1', "queues.0.max_delivery_attempts"),
+    # Which count was meant? The map took the last one.
+    ('[cluster]\npartitioned = [{address = "o", members = 2}, {address = "o", members = 3}]', "cluster"),
+    # Member 1 of `o`: a client of `o.p1` reached that member, never the destination declared.
+    ('[cluster]\npartitioned = [{address = "o.p1", members = 2}, {address = "o", members = 2}]', "cluster"),
+    ('[cluster]\npartitioned = [{address = "prices.#", members = 2, topic = true}]', "cluster"),
+    ('[[exchanges]]\nname = "fx"\ntype = "fanout"\n[cluster]\npartitioned = [{address = "fx/k", members = 2}]',
+     "cluster"),
 ])
 def test_values_that_do_not_mean_what_they_look_like_are_refused(tmp_path, text, key):
     cfg = tmp_path / "broker.toml"

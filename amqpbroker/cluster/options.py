@@ -16,12 +16,13 @@ def cluster_options(settings: Settings) -> tuple[frozenset[str], dict[str, int]]
     if cfg is None:
         return frozenset(), {}
     from ..core.broker import BUILTIN_EXCHANGES
-    from ..core.placement import owning_key
+    from ..core.placement import partitioned_keys
     exchanges = {name: kind.value for name, kind in BUILTIN_EXCHANGES}
     exchanges.update({e.name: e.type for e in settings.exchanges})
     pinned = frozenset(cfg.pinned_exchanges)
-    partitioned = {owning_key(p.address, topic=p.topic, exchanges=exchanges, pinned=pinned).key: p.members
-                   for p in cfg.partitioned}
+    # Settings already refused what partitioned_keys refuses (config.py `_partitioned`).
+    partitioned = partitioned_keys(((p.address, p.topic, p.members) for p in cfg.partitioned),
+                                   exchanges=exchanges, pinned=pinned)
     return pinned, partitioned
 
 

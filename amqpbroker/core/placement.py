@@ -215,6 +215,34 @@ def _exchange_target(exchange: str, key: str | None, kind: str, pinned: frozense
     return Target(f"{exchange}/{key}", exchange, key, wildcard)
 
 
+def partitioned_keys(declared: Iterable[tuple[str, bool, int]], *, exchanges: Mapping[str, str],
+                     pinned: frozenset[str] = frozenset()) -> dict[str, int]:
+    """The owning key → member count of each `[[cluster.partitioned]]` (address, topic,
+    members).  ValueError for a declaration that is valid syntax but cannot mean one
+    partitioned destination: a topic pattern (`*`, `#`: many topics, and a member is one);
+    a whole exchange (fanout, pinned, or no key: owned by one node by definition); one
+    destination declared twice (which count was meant?); or a name that is a member name
+    of another (`orders.p1` beside `orders`: member 1 of it, and `orders.p7` would be
+    read as a member `orders` no longer has, whose messages go to member 0)."""
+    found: dict[str, int] = {}
+    for address, topic, members in declared:
+        t = owning_key(address, topic=topic, exchanges=exchanges, pinned=pinned)
+        if t.wildcard:
+            raise ValueError(f"partitioned '{address}': a topic pattern (* or #), not one topic")
+        if t.exchange is not None and t.key == t.exchange:
+            raise ValueError(f"partitioned '{address}': the whole exchange '{t.exchange}', which one node "
+                             "owns (a fanout or pinned exchange, or no routing key)")
+        if t.key in found:
+            raise ValueError(f"partitioned '{address}' is declared twice ({found[t.key]} and {members} members)")
+        found[t.key] = members
+    for key in found:
+        base, dot, suffix = key.rpartition(".p")
+        if dot and suffix.isdigit() and base in found:
+            raise ValueError(f"partitioned '{key}' is named as a member of partitioned '{base}' "
+                             f"({base}.p0, {base}.p1, …): choose another name")
+    return found
+
+
 def client_home(container_id: str, slots: SlotMap) -> str:
     """The node that grants a client-id (JMS clientID, the AMQP container-id) to one
     connection at a time across the cluster (`sole-connection-for-container`)."""

@@ -3,6 +3,8 @@ table in its docstring."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from amqpbroker.core.placement import (
@@ -20,6 +22,7 @@ from amqpbroker.core.placement import (
     member_address,
     owning_key,
     partition_members,
+    partitioned_keys,
     place_link,
     place_message,
     replaces,
@@ -115,6 +118,34 @@ def test_key_wildcards_are_seen_on_topic_exchanges_only():
     assert owning_key("events/a.*", topic=False, exchanges=EXCHANGES).wildcard
     assert owning_key("amq.topic/#", topic=False, exchanges=EXCHANGES).wildcard
     assert not owning_key("amq.direct/a.*", topic=False, exchanges=EXCHANGES).wildcard
+
+
+@pytest.mark.parametrize("declared, keys", [
+    ([("orders", False, 2)], {"orders": 2}),
+    ([("prices", True, 3)], {"amq.topic/prices": 3}),
+    ([("amq.topic/prices", False, 3)], {"amq.topic/prices": 3}),            # a topic named by path
+    ([("orders", False, 2), ("orders", True, 2)], {"orders": 2, "amq.topic/orders": 2}),   # queue and topic
+    ([("orders", False, 2), ("orders.p1.x", False, 2)], {"orders": 2, "orders.p1.x": 2}),
+])
+def test_partitioned_keys_row_by_row(declared, keys):
+    assert partitioned_keys(declared, exchanges=EXCHANGES) == keys
+
+
+@pytest.mark.parametrize("declared, pinned, said", [
+    ([("prices.#", True, 2)], (), "a topic pattern"),
+    ([("amq.topic/a.*.b", False, 2)], (), "a topic pattern"),
+    ([("audit/k", False, 2)], (), "the whole exchange 'audit'"),                      # fanout
+    ([("amq.fanout", False, 2)], (), "the whole exchange 'amq.fanout'"),
+    ([("prices", True, 2)], ("amq.topic",), "the whole exchange 'amq.topic'"),        # pinned
+    ([("orders", False, 2), ("orders", False, 3)], (), "'orders' is declared twice (2 and 3 members)"),
+    ([("prices", True, 2), ("amq.topic/prices", False, 2)], (), "declared twice"),   # one topic, two spellings
+    ([("orders.p1", False, 2), ("orders", False, 2)], (), "member of partitioned 'orders'"),
+    ([("orders", False, 2), ("orders.p7", False, 2)], (), "member of partitioned 'orders'"),   # a former member
+    ([("prices", True, 2), ("prices.p0", True, 2)], (), "member of partitioned 'amq.topic/prices'"),
+])
+def test_partitioned_keys_refuses_what_cannot_mean_one_destination(declared, pinned, said):
+    with pytest.raises(ValueError, match=re.escape(said)):
+        partitioned_keys(declared, exchanges=EXCHANGES, pinned=frozenset(pinned))
 
 
 def test_key_slash_under_an_unknown_exchange_is_a_queue_name():
