@@ -13,7 +13,9 @@ How it could fail, and what is checked:
 * the node in front or the owner stops serving after the fault: both go on, and the
   last sends are Accepted at once.
 A queue of one owner and a partitioned queue reached through its one name (at a node
-with no member of it, so each send is forwarded to a member) are both checked.
+with no member of it, so each send is forwarded to a member) are both checked; and
+* a consumer at another node whose accepts' removals fail to commit at the owner loses
+  a message, or stops: each is received or still at the owner after its kill -9.
 """
 
 from __future__ import annotations
@@ -104,3 +106,45 @@ def test_a_full_disk_at_the_owner_of_forwarded_sends_refuses_them_and_loses_noth
     lost = sorted(set(range(COUNT)) - set(stored))
     assert not lost, f"Accepted, not at the owner after its restart: {lost[:10]} ({len(lost)})"
     assert sorted(stored) == list(range(COUNT)), "each message is stored exactly once"
+
+
+def test_a_full_disk_at_the_owner_while_a_consumer_elsewhere_accepts_loses_nothing(tmp_path):
+    """The owner's removals fail to commit (a consumer at n0 accepting, forwarded): the
+    owner keeps them to write with its next commit (store/channel.py `_carry`). Every
+    message is received at n0 or still at the owner after its kill -9: none lost, and
+    the consumer reads on after the fault."""
+    fault = {"AMQPBROKER_STORE_FAULTS": f"commit:DiskError@{COUNT + 50}*3"}   # in the middle of the reading
+    cl = ClusterProcess(tmp_path / "data", config=CONFIG, env=fault).start()
+    try:
+        address = owned_by("n1")
+        assert send_each_until_accepted(cl.node_url("n1"), address, COUNT) == [0] * COUNT
+        mark = len(cl.log_text())
+        got = []
+        conn = connect(cl.node_url("n0"))
+        try:
+            rcv = receiver(conn, address, credit=1)   # one accept, one removal commit, at a time
+            while len(got) < COUNT:
+                try:
+                    msg = rcv.receive(timeout=10)
+                except Exception as exc:   # noqa: BLE001 - the checker below says what was lost
+                    raise AssertionError(f"the consumer at n0 stopped after {len(got)}: {exc}") from None
+                got.append(msg.body)
+                rcv.accept()
+        finally:
+            conn.close()
+        failed = re.findall(FAILED_COMMIT, cl.log_text()[mark:])
+        assert failed, "the injected full disk happened under the accepts"
+        restart(cl, ["n1"])
+        conn = connect(cl.node_url("n1"))
+        try:
+            left = drain_bodies(conn, receiver(conn, address, credit=COUNT), timeout=3.0)
+        finally:
+            conn.close()
+        assert "Traceback" not in cl.log_text()
+    finally:
+        cl.stop()
+    print(f"{len(failed)} failed commit(s); {len(got)} received ({len(got) - len(set(got))} again), "
+          f"{len(left)} left at the owner: {left[:10]}")
+    missing = sorted(set(range(COUNT)) - set(got) - set(left))
+    assert not missing, f"neither received nor left at the owner: {missing[:10]}"
+    assert not set(left) - set(range(COUNT)), left
