@@ -69,12 +69,20 @@ def send_each_until_accepted(url: str, address: str, count: int) -> list[int]:
         conn.close()
 
 
-def restart(cl: ClusterProcess, nodes: list[str]) -> None:
-    """kill -9 of each node in turn; the supervisor starts it again on its store."""
-    for node in nodes:
+def stored_after_restart(cl: ClusterProcess, owners: list[str], address: str, at: str) -> list[int]:
+    """kill -9 of each owner in turn (the supervisor starts it again on its store), then
+    everything `address` holds, read at node `at`; no node logged a traceback."""
+    for node in owners:
         mark = len(cl.lines)
         cl.kill_node(node)
         cl.wait_nodes(after=mark, timeout=60)
+    conn = connect(cl.node_url(at))
+    try:
+        stored = drain_bodies(conn, receiver(conn, address, credit=COUNT), timeout=3.0)
+    finally:
+        conn.close()
+    assert "Traceback" not in cl.log_text()
+    return stored
 
 
 @pytest.mark.parametrize("kind", ["queue", "partitioned"])
@@ -92,13 +100,7 @@ def test_a_full_disk_at_the_owner_of_forwarded_sends_refuses_them_and_loses_noth
         assert failed, "the injected full disk happened under the sends"
         assert sum(refused) >= 1, "a send met the owner's full disk and the client was told so"
         assert refused[-20:] == [0] * 20, f"the sends after the fault are Accepted at once: {refused}"
-        restart(cl, owners)
-        conn = connect(cl.node_url("n0"))
-        try:
-            stored = drain_bodies(conn, receiver(conn, address, credit=COUNT), timeout=3.0)
-        finally:
-            conn.close()
-        assert "Traceback" not in cl.log_text()
+        stored = stored_after_restart(cl, owners, address, at="n0")
     finally:
         cl.stop()
     print(f"{kind}: {len(failed)} failed commit(s); refusals {sum(refused)} "
@@ -134,13 +136,7 @@ def test_a_full_disk_at_the_owner_while_a_consumer_elsewhere_accepts_loses_nothi
             conn.close()
         failed = re.findall(FAILED_COMMIT, cl.log_text()[mark:])
         assert failed, "the injected full disk happened under the accepts"
-        restart(cl, ["n1"])
-        conn = connect(cl.node_url("n1"))
-        try:
-            left = drain_bodies(conn, receiver(conn, address, credit=COUNT), timeout=3.0)
-        finally:
-            conn.close()
-        assert "Traceback" not in cl.log_text()
+        left = stored_after_restart(cl, ["n1"], address, at="n1")
     finally:
         cl.stop()
     print(f"{len(failed)} failed commit(s); {len(got)} received ({len(got) - len(set(got))} again), "
