@@ -29,6 +29,7 @@ row in tests/core/test_placement.py):
 | transaction coordinator, `$amqpbroker.` controls  | the node the client is on          |
 | a subscription's queue named directly (`qpidsub_/`)| the node the client is on          |
 | a partitioned address                             | its members (`partitioned`)        |
+| a member name it does not have (`orders.p2`, 2)   | refused (not-found): use `orders`  |
 | a connection's client-id (sole-connection-...)    | `$client-id/<container-id>`        |
 
 A subscription is placed by its topic and not by its key (client-id + name) because
@@ -347,6 +348,13 @@ def _place_address(address: str, topic: bool, consumer: bool, here: str, slots: 
         members_at = member_node(target.key, slots)
         if members_at is not None:
             return _at(members_at, target.key, here, slots)
+        if former_member(target.key, slots) is not None:
+            # A member name its destination does not have (`orders.p2` of `orders` over
+            # 2): what such a queue holds is shovelled into member 0 (a member dropped
+            # from the configuration), so a link of its own would lose sight of it.
+            base = member_base_of(target.key)
+            return Refuse(NOT_FOUND, f"'{address}' is not a member of partitioned '{base}' "
+                                     f"({slots.partitioned[base]} members): use '{base}'")
     if target.exchange is not None and target.routing_key is None and not consumer \
             and exchanges.get(target.exchange) != FANOUT and target.exchange not in slots.pinned:
         return PER_MESSAGE   # the key is each message's subject
@@ -388,6 +396,11 @@ def member_base(address: str, slots: SlotMap) -> str | None:
     base, dot, suffix = address.rpartition(".p")
     count = slots.partitioned.get(base) if dot else None
     return base if count and suffix.isdigit() and int(suffix) < count else None
+
+
+def member_base_of(address: str) -> str:
+    """`orders` of `orders.p2` (the name only: whether it is a member is the map's say)."""
+    return address.rpartition(".p")[0]
 
 
 def former_member(address: str, slots: SlotMap) -> tuple[str, str] | None:

@@ -6,6 +6,7 @@ cluster-wide, partitioned destinations and placement redirects."""
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -281,6 +282,23 @@ def test_partitioned_queue_keeps_each_group_on_one_member_in_order(partitioned):
             seq = [i for gg, i in got if gg == g]
             assert seq == sorted(seq) and len(seq) == 20, f"group {g} whole and in order on one member"
     assert all(members.values()), "groups spread over both members"
+
+
+@pytest.mark.parametrize("name", ["porders.p2", "amq.topic/pprices.p5"])
+def test_a_member_name_the_destination_does_not_have_is_refused_naming_the_destination(partitioned, name):
+    """Such a queue is a member dropped from the configuration: the shovel moves what it
+    holds into member 0, so a client of its own would lose sight of its messages.
+    Before, a send to `porders.p2` was Accepted and the messages turned up in `porders.p0`."""
+    base = name.rpartition(".p")[0]
+    for node in ("n0", "n1", "n2"):
+        conn = connect(partitioned.node_url(node))
+        try:
+            for attach in (lambda: sender(conn, name), lambda: receiver(conn, name)):
+                with pytest.raises(LinkDetached, match=f"amqp:not-found.*'{re.escape(name)}' is not a member of "
+                                                       f"partitioned '{re.escape(base)}' \\(2 members\\)"):
+                    attach()
+        finally:
+            conn.close()
 
 
 def test_a_producer_without_groups_sticks_to_one_member_and_a_consumer_reads_all(partitioned):
