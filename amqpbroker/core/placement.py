@@ -29,7 +29,7 @@ row in tests/core/test_placement.py):
 | transaction coordinator, `$amqpbroker.` controls  | the node the client is on          |
 | a subscription's queue named directly (`qpidsub_/`)| the node the client is on          |
 | a partitioned address                             | its members (`partitioned`)        |
-| a member name it does not have (`orders.p2`, 2)   | refused (not-found): use `orders`  |
+| a member name it does not have (`orders.p2`, 2)   | producer: refused (not-found)      |
 | a connection's client-id (sole-connection-...)    | `$client-id/<container-id>`        |
 
 A subscription is placed by its topic and not by its key (client-id + name) because
@@ -348,10 +348,12 @@ def _place_address(address: str, topic: bool, consumer: bool, here: str, slots: 
         members_at = member_node(target.key, slots)
         if members_at is not None:
             return _at(members_at, target.key, here, slots)
-        if former_member(target.key, slots) is not None:
+        if not consumer and former_member(target.key, slots) is not None:
             # A member name its destination does not have (`orders.p2` of `orders` over
-            # 2): what such a queue holds is shovelled into member 0 (a member dropped
-            # from the configuration), so a link of its own would lose sight of it.
+            # 2): such a queue is a member dropped from the configuration, and what it
+            # holds is shovelled into member 0, so a message sent to it would never
+            # reach a consumer of that name.  A consumer may still read what is left
+            # (a reader of the dropped member that has not moved on yet).
             base = member_base_of(target.key)
             return Refuse(NOT_FOUND, f"'{address}' is not a member of partitioned '{base}' "
                                      f"({slots.partitioned[base]} members): use '{base}'")

@@ -11,7 +11,7 @@ import time
 
 import pytest
 from proton import Delivery, Endpoint, Message
-from proton.utils import LinkDetached
+from proton.utils import LinkDetached, SendException
 
 from amqpbroker.cluster.partitioned import member_of
 from amqpbroker.core.placement import static_map
@@ -285,20 +285,26 @@ def test_partitioned_queue_keeps_each_group_on_one_member_in_order(partitioned):
 
 
 @pytest.mark.parametrize("name", ["porders.p2", "amq.topic/pprices.p5"])
-def test_a_member_name_the_destination_does_not_have_is_refused_naming_the_destination(partitioned, name):
+def test_a_member_name_the_destination_does_not_have_takes_no_producer_naming_the_destination(partitioned, name):
     """Such a queue is a member dropped from the configuration: the shovel moves what it
-    holds into member 0, so a client of its own would lose sight of its messages.
-    Before, a send to `porders.p2` was Accepted and the messages turned up in `porders.p0`."""
+    holds into member 0, so a message sent to it would never reach a consumer of that
+    name.  Before, a send to `porders.p2` was Accepted and turned up in `porders.p0`.
+    A consumer may still attach (it reads what is left), as the anonymous relay's
+    messages to the name are refused too."""
     base = name.rpartition(".p")[0]
+    refused = f"amqp:not-found.*'{re.escape(name)}' is not a member of partitioned '{re.escape(base)}' \\(2 members\\)"
     for node in ("n0", "n1", "n2"):
         conn = connect(partitioned.node_url(node))
         try:
-            for attach in (lambda: sender(conn, name), lambda: receiver(conn, name)):
-                with pytest.raises(LinkDetached, match=f"amqp:not-found.*'{re.escape(name)}' is not a member of "
-                                                       f"partitioned '{re.escape(base)}' \\(2 members\\)"):
-                    attach()
+            with pytest.raises(LinkDetached, match=refused):
+                sender(conn, name)
+            receiver(conn, name).close()
+            relay = sender(conn, None)
+            with pytest.raises(SendException):
+                relay.send(Message(address=name, body="to a dropped member"))
         finally:
             conn.close()
+    assert not [b for b in member_bodies(partitioned, "porders.p0") if b == "to a dropped member"]
 
 
 def test_a_producer_without_groups_sticks_to_one_member_and_a_consumer_reads_all(partitioned):
