@@ -40,7 +40,10 @@ def worker_count(value: str) -> int:
     """`--workers N` or `auto` (the machine's cores)."""
     if value == "auto":
         return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    n = int(value)
+    try:
+        n = int(value)
+    except ValueError:
+        raise ValueError(f"--workers needs a number of workers or auto, not {value!r}") from None
     if n < 1:
         raise ValueError("--workers must be at least 1")
     return n
@@ -51,9 +54,15 @@ def parse_weights(text: str | None, nodes: list[str]) -> dict[str, int]:
     only forwards)."""
     if not text:
         return {n: 1 for n in nodes}
-    parts = [int(p) for p in text.split(",")]
+    example = ",".join(["0"] + ["1"] * (len(nodes) - 1))
+    wanted = (f"--worker-weights needs {len(nodes)} non-negative whole numbers, not all 0 (e.g. {example}), "
+              f"not {text!r}")
+    try:
+        parts = [int(p) for p in text.split(",")]
+    except ValueError:
+        raise ValueError(wanted) from None
     if len(parts) != len(nodes) or any(p < 0 for p in parts) or not any(parts):
-        raise ValueError(f"--worker-weights needs {len(nodes)} non-negative numbers, not all 0")
+        raise ValueError(wanted)
     return dict(zip(nodes, parts))
 
 

@@ -68,3 +68,22 @@ def test_workers_with_an_ha_section_are_refused(tmp_path, capsys):
     config.write_text('[ha]\nrole = "primary"\nzookeeper = "127.0.0.1:1"\nsecret = "0123456789abcdef0123"\n')
     assert main(["serve", "--config", str(config), "--workers", "2", "--data-dir", str(tmp_path / "d")]) == 2
     assert "--workers and [ha] do not go together" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--workers", "abc"], "--workers needs a number of workers or auto, not 'abc'"),
+    (["--workers", "0"], "--workers must be at least 1"),
+    # Before: a traceback from the supervisor (exit 1), or the weights dropped without a word.
+    (["--workers", "2", "--worker-weights", "1"], "--worker-weights needs 2 non-negative whole numbers"),
+    (["--workers", "2", "--worker-weights", "0,0"], "not all 0 (e.g. 0,1), not '0,0'"),
+    (["--workers", "3", "--worker-weights", "a,b,c"], "not 'a,b,c'"),
+    (["--worker-weights", "0,1"], "--worker-weights goes with --workers N"),
+    (["--workers", "1", "--worker-weights=1"], "--worker-weights goes with --workers N"),
+])
+def test_workers_options_that_cannot_be_meant_exit_2_with_one_line(tmp_path, capsys, args, said):
+    from amqpbroker.cli import main
+    data = tmp_path / "d"
+    assert main(["serve", "--port", "0", "--data-dir", str(data)] + args) == 2
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert not data.exists(), "nothing was started"
