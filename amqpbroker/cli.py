@@ -90,12 +90,13 @@ def main(argv: list[str] | None = None) -> int:
               "node that is a pair runs with [cluster] and [ha]: docs/cluster.md)", file=sys.stderr)
         return 2
     if args.worker is None and (args.workers != "1" or args.worker_weights):   # serve --workers N (docs/cluster.md)
-        from .cluster.workers import parse_weights, supervise, worker_count
+        from .cluster.workers import check_options, supervise, worker_count
         try:
             count = worker_count(args.workers)
             if args.worker_weights and count == 1:   # one broker: the weights would be dropped without a word
                 raise ValueError("--worker-weights goes with --workers N, more than one worker")
-            parse_weights(args.worker_weights, [f"n{i}" for i in range(count)])   # refused here, not in a worker
+            if count > 1:
+                check_options(settings, count, args.worker_weights)   # refused here, not by each worker
         except ValueError as exc:
             print(f"amqpbroker: {exc}", file=sys.stderr)
             return 2

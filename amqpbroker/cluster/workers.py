@@ -66,6 +66,18 @@ def parse_weights(text: str | None, nodes: list[str]) -> dict[str, int]:
     return dict(zip(nodes, parts))
 
 
+def check_options(settings: Settings, count: int, weights: str | None) -> None:
+    """ValueError for what would make every worker refuse to start (each would exit and
+    be started again for ever): weights that cannot be read, a partitioned destination
+    with more members than the workers that own slots (cluster/options.py)."""
+    from ..core.placement import static_map
+    from .options import check_partitioned, cluster_options
+    nodes = [f"n{i}" for i in range(count)]
+    pinned, partitioned = cluster_options(settings)
+    check_partitioned(static_map(nodes, parse_weights(weights, nodes), WorkerSpec.slots,
+                                 pinned=pinned, partitioned=partitioned))
+
+
 def reserve_port(host: str, port: int) -> socket.socket:
     """Hold the shared port (bound with SO_REUSEPORT, never listening, so the kernel
     gives it no connection) so that port 0 means one free port for every worker."""
@@ -284,4 +296,4 @@ def supervise(settings: Settings, count: int, weights: str | None, argv: list[st
     return Supervisor(settings, count, weights, argv).run()
 
 
-__all__ = ["supervise", "worker_count", "parse_weights", "Path"]
+__all__ = ["supervise", "worker_count", "parse_weights", "check_options", "Path"]

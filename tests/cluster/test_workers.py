@@ -87,3 +87,16 @@ def test_workers_options_that_cannot_be_meant_exit_2_with_one_line(tmp_path, cap
     err = capsys.readouterr().err
     assert said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert not data.exists(), "nothing was started"
+
+
+@pytest.mark.parametrize("args", [["--workers", "2"], ["--workers", "3", "--worker-weights", "0,1,1"]])
+def test_more_members_than_workers_that_own_slots_is_refused_once_not_by_every_worker(tmp_path, capsys, args):
+    """Each worker refused it (exit 2) and the supervisor started it again, for ever."""
+    from amqpbroker.cli import main
+    config = tmp_path / "broker.toml"
+    config.write_text('[cluster]\npartitioned = [{address = "o", members = 3}]\n')
+    data = tmp_path / "d"
+    assert main(["serve", "--port", "0", "--config", str(config), "--data-dir", str(data)] + args) == 2
+    err = capsys.readouterr().err
+    assert "partitioned 'o': 3 members but 2 nodes own slots" in err and len(err.strip().splitlines()) == 1, err
+    assert not data.exists()
