@@ -160,7 +160,7 @@ class BrokerServer:
     def _websocket_listener(self, w: Any) -> Listener:
         """AMQP over WebSocket (server/websocket.py); wss with a certificate."""
         tls = w.cert_file is not None
-        ctx = server_context(str(w.cert_file), str(w.key_file), None) if tls else None
+        ctx = server_context(str(w.cert_file), str(w.key_file), None, "[websocket]") if tls else None
         anon = w.allow_anonymous if w.allow_anonymous is not None else self.settings.allow_anonymous
         return Listener("wss" if tls else "ws", w.host, w.port, self._sasl_policy(w.host, anon, tls=tls),
                         w.client_id_policy, ctx, websocket=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import ssl
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -29,15 +30,33 @@ if TYPE_CHECKING:
 log = logging.getLogger("amqpbroker.tls")
 
 
-def server_context(cert_file: str, key_file: str, client_ca_file: str | None) -> ssl.SSLContext:
+def server_context(cert_file: str, key_file: str, client_ca_file: str | None,
+                   section: str = "[tls]") -> ssl.SSLContext:
     """The listener's context; with a CA for clients, a client certificate is required
-    and verified (RFC 8446 §4.3.2 CertificateRequest)."""
+    and verified (RFC 8446 §4.3.2 CertificateRequest).  ValueError naming the file
+    for one that is missing or not what it should be."""
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.load_cert_chain(cert_file, key_file)
+    load_files(section, ctx.load_cert_chain, cert_file=cert_file, key_file=key_file)
     if client_ca_file is not None:
-        ctx.load_verify_locations(cafile=client_ca_file)
+        load_files(section, lambda ca: ctx.load_verify_locations(cafile=ca), client_ca_file=client_ca_file)
         ctx.verify_mode = ssl.CERT_REQUIRED
     return ctx
+
+
+def load_files(section: str, load: Callable[..., Any], **files: str) -> None:
+    """`load(*files)`, with a failure said as the configuration names it: OpenSSL's
+    own errors name no file (`[Errno 2] No such file or directory`, `PEM lib`)."""
+    named = ", ".join(f"{key} {path}" for key, path in files.items())
+    missing = [f"{key} {path}" for key, path in files.items() if not os.path.isfile(path)]
+    if missing:
+        raise ValueError(f"{section}: no such file: {', '.join(missing)}")
+    try:
+        load(*files.values())
+    except ssl.SSLError as exc:
+        raise ValueError(f"{section} {named}: not PEM of the kind expected, or a key that does not match "
+                         f"({exc.reason or exc})") from None
+    except OSError as exc:
+        raise ValueError(f"{section} {named}: {exc.strerror or exc}") from None
 
 
 def describe_failure(exc: BaseException) -> str:
