@@ -147,6 +147,8 @@ async def run_worker(settings: Settings, loop: asyncio.AbstractEventLoop, spec: 
         log.error("cannot start node %s: store: %s: %s", node, type(exc).__name__, exc)
         return 2
     log.info("amqp-node listening on %s:%d (node %s)", own.host, own.port, node)
+    if gate is not None:
+        gate.mark(node, "serving")   # the supervisor stops a start only for a node that never got here
     log.info("cluster: node %s of %d, %d of %d slots, inter-node %s", node, len(spec.nodes),
              len(slots.slots_of(node)), slots.slots, where)
     from ..server.resources import tune_gc

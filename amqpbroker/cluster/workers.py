@@ -34,6 +34,13 @@ log = logging.getLogger("amqpbroker.cluster")
 RESTART_DELAY = 0.5   # seconds before a dead worker is started again (doubling, up to 10 s)
 MAX_RESTART_DELAY = 10.0
 WAITING_NOTE = 10.0   # seconds between the supervisor's lines naming the workers the gate waits for
+# A worker that exits "cannot start" (its configuration, its store, a file it needs)
+# this many times without ever serving stops the whole start, as one broker would
+# exit: started again for ever it would serve nothing and never exit.  Fewer are
+# tried again (a worker killed or failing once during the start is waited for), and
+# one that has served is started again for as long as it takes (the others serve).
+EXIT_CANNOT_START = 2
+START_REFUSALS = 3
 
 
 def worker_count(value: str) -> int:
@@ -99,6 +106,7 @@ class Supervisor:
         self.argv = argv            # the serve command line, minus --workers
         self.procs: dict[int, subprocess.Popen] = {}
         self.restarts: dict[int, float] = {}
+        self.refusals: dict[int, int] = {}   # "cannot start" exits of each worker that has never served
         self.stopping = False
         self.exit_code = 0
         self.node_ports: dict[str, int] = {}
@@ -249,6 +257,14 @@ class Supervisor:
                 del self.procs[index]
                 self.stopping, self.exit_code = True, EXIT_REFUSED
                 return
+            if code == EXIT_CANNOT_START and not self.gate.has(self.nodes[index], "serving"):
+                self.refusals[index] = self.refusals.get(index, 0) + 1
+                if self.refusals[index] >= START_REFUSALS:   # its log line says why: the same each time
+                    log.error("supervisor: worker %s cannot start (exit %d, %d times, never serving yet); "
+                              "stopping every worker", self.nodes[index], code, self.refusals[index])
+                    del self.procs[index]
+                    self.stopping, self.exit_code = True, EXIT_CANNOT_START
+                    return
             delay = min(MAX_RESTART_DELAY, self.restarts.get(index, RESTART_DELAY / 2) * 2)
             self.restarts[index] = delay
             log.warning("supervisor: worker %s exited (%s); starting it again in %.1f s",
