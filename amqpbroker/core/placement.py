@@ -237,10 +237,10 @@ def partitioned_keys(declared: Iterable[tuple[str, bool, int]], *, exchanges: Ma
             raise ValueError(f"partitioned '{address}' is declared twice ({found[t.key]} and {members} members)")
         found[t.key] = members
     for key in found:
-        base, dot, suffix = key.rpartition(".p")
-        if dot and suffix.isdigit() and base in found:
-            raise ValueError(f"partitioned '{key}' is named as a member of partitioned '{base}' "
-                             f"({base}.p0, {base}.p1, …): choose another name")
+        named = member_name(key)
+        if named and named[0] in found:
+            raise ValueError(f"partitioned '{key}' is named as a member of partitioned '{named[0]}' "
+                             f"({named[0]}.p0, {named[0]}.p1, …): choose another name")
     return found
 
 
@@ -354,7 +354,7 @@ def _place_address(address: str, topic: bool, consumer: bool, here: str, slots: 
             # holds is shovelled into member 0, so a message sent to it would never
             # reach a consumer of that name.  A consumer may still read what is left
             # (a reader of the dropped member that has not moved on yet).
-            base = member_base_of(target.key)
+            base = member_name(target.key)[0]
             return Refuse(NOT_FOUND, f"'{address}' is not a member of partitioned '{base}' "
                                      f"({slots.partitioned[base]} members): use '{base}'")
     if target.exchange is not None and target.routing_key is None and not consumer \
@@ -392,17 +392,21 @@ def member_address(key: str, index: int) -> str:
     return f"{key}.p{index}"
 
 
+def member_name(address: str) -> tuple[str, int] | None:
+    """(destination, index) of a name of a member's form (`orders.p2` → (`orders`, 2)),
+    whether or not the map has that member; None for any other name.  The index is
+    ASCII digits only: `str.isdigit` also takes `²`, which `int` refuses."""
+    base, dot, suffix = address.rpartition(".p")
+    if not dot or not suffix.isascii() or not suffix.isdigit():
+        return None
+    return base, int(suffix)
+
+
 def member_base(address: str, slots: SlotMap) -> str | None:
     """The partitioned destination whose member `address` is (`amq.topic/prices.p1` →
     `amq.topic/prices`), or None."""
-    base, dot, suffix = address.rpartition(".p")
-    count = slots.partitioned.get(base) if dot else None
-    return base if count and suffix.isdigit() and int(suffix) < count else None
-
-
-def member_base_of(address: str) -> str:
-    """`orders` of `orders.p2` (the name only: whether it is a member is the map's say)."""
-    return address.rpartition(".p")[0]
+    named = member_name(address)
+    return named[0] if named and named[1] < slots.partitioned.get(named[0], 0) else None
 
 
 def former_member(address: str, slots: SlotMap) -> tuple[str, str] | None:
@@ -410,21 +414,21 @@ def former_member(address: str, slots: SlotMap) -> tuple[str, str] | None:
     now over 2 members): (member 0's address, its node), where what is left in it goes,
     or None.  A destination no longer partitioned at all cannot be told from one named
     so (docs/cluster.md, "Not done yet")."""
-    base, dot, suffix = address.rpartition(".p")
-    count = slots.partitioned.get(base) if dot else None
-    if not count or not suffix.isdigit() or int(suffix) < count:
+    named = member_name(address)
+    count = slots.partitioned.get(named[0]) if named else None
+    if not count or named[1] < count:
         return None
-    return partition_members(base, count, slots)[0]
+    return partition_members(named[0], count, slots)[0]
 
 
 def member_node(key: str, slots: SlotMap) -> str | None:
     """The node of a member address named directly (`orders.p1`): its member's node,
     never its own hash, so every way to a member leads to the same node."""
-    base, dot, suffix = key.rpartition(".p")
-    count = slots.partitioned.get(base) if dot else None
-    if not count or not suffix.isdigit() or int(suffix) >= count:
+    named = member_name(key)
+    count = slots.partitioned.get(named[0]) if named else None
+    if not count or named[1] >= count:
         return None
-    return partition_members(base, count, slots)[int(suffix)][1]
+    return partition_members(named[0], count, slots)[named[1]][1]
 
 
 def destination_of(address: str, topic: bool, slots: SlotMap, exchanges: Mapping[str, str]) -> str:

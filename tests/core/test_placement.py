@@ -292,6 +292,10 @@ def test_row_partition_member_named_directly_goes_to_its_members_node_and_beyond
     # A consumer may read what is left there, at the hash of its name, as before.
     assert place_link(consumer(member_address("orders", 7)), "n0", slots, EXCHANGES) in (
         LOCAL, Forward("n1", "orders.p7"), Forward("n2", "orders.p7"))
+    # Not a member's form (`²` is a digit to str.isdigit, not to int): an ordinary name, never an error.
+    for name in ("orders.p\u00b2", "orders.p\u0663", "orders.p"):
+        for link in (consumer(name), LinkShape(consumer=False, address=name)):
+            assert place_link(link, "n0", slots, EXCHANGES) in (LOCAL, Forward("n1", name), Forward("n2", name))
     # Not a member name at all: an ordinary name.
     assert place_link(consumer("orders.px"), "n0", slots, EXCHANGES) in (
         LOCAL, Forward("n1", "orders.px"), Forward("n2", "orders.px"))

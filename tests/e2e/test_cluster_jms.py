@@ -18,7 +18,7 @@ from amqpbroker.core.placement import static_map
 from tests.client import connect
 from tests.cluster_process import ClusterProcess
 from tests.e2e.helpers_conn import RawClient
-from tests.e2e.helpers_delivery import drain_bodies, receiver, sender, uid
+from tests.e2e.helpers_delivery import drain_bodies, receiver, send_bodies, sender, uid
 from tests.e2e.jms_links import drain_bodies as take_all
 from tests.e2e.jms_links import shared_consumer
 from tests.e2e.test_cluster import LIMITS as CONFIG, owned_by   # connections handed off (the default)
@@ -305,6 +305,19 @@ def test_a_member_name_the_destination_does_not_have_takes_no_producer_naming_th
         finally:
             conn.close()
     assert not [b for b in member_bodies(partitioned, "porders.p0") if b == "to a dropped member"]
+
+
+def test_a_name_that_only_looks_like_a_member_is_an_ordinary_queue(partitioned):
+    """`porders.p²`: `²` passed str.isdigit and failed int(); the node closed the
+    client's connection with amqp:internal-error and logged a traceback."""
+    name = "porders.p\u00b2"
+    conn = connect(partitioned.node_url("n0"))
+    try:
+        send_bodies(conn, name, ["superscript"])
+        assert drain_bodies(conn, receiver(conn, name), timeout=1.0) == ["superscript"]
+    finally:
+        conn.close()
+    assert "Traceback" not in partitioned.log_text()
 
 
 def test_a_producer_without_groups_sticks_to_one_member_and_a_consumer_reads_all(partitioned):
