@@ -19,6 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..server.tls import load_files
+
+SECTION = "[cluster] tls"
+
 
 @dataclass(frozen=True)
 class NodeTls:
@@ -49,13 +53,16 @@ def node_tls(settings: Any) -> NodeTls | None:
     if cfg is None or not cfg.tls:
         return None
     cert, key, ca = files(settings)
-    try:
-        server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(ca))
-        server.load_cert_chain(str(cert), str(key))
-        server.verify_mode = ssl.CERT_REQUIRED
-        client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(ca))
-        client.load_cert_chain(str(cert), str(key))
-        client.check_hostname = cfg.tls_verify_hostname
-    except ssl.SSLError as exc:
-        raise ValueError(f"[cluster] tls: {exc.reason or exc}") from None
+    # Each file named by the setting that gave it (server/tls.py `load_files`):
+    # OpenSSL's own errors name none.
+    pair = {("tls_cert_file" if cfg.tls_cert_file else "[tls] cert_file"): str(cert),
+            ("tls_key_file" if cfg.tls_key_file else "[tls] key_file"): str(key)}
+    authority = {("tls_ca_file" if cfg.tls_ca_file else "[tls] client_ca_file"): str(ca)}
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    for ctx in (server, client):
+        load_files(SECTION, lambda path, ctx=ctx: ctx.load_verify_locations(cafile=path), **authority)
+        load_files(SECTION, ctx.load_cert_chain, **pair)
+    server.verify_mode = ssl.CERT_REQUIRED
+    client.check_hostname = cfg.tls_verify_hostname
     return NodeTls(server, client, cfg.tls_verify_hostname)

@@ -93,7 +93,13 @@ def replication_tls(settings: Settings) -> tuple[Any, Any]:
         raise ValueError("[ha] replication_tls needs replication_cert_file and replication_key_file "
                          "(or a [tls] section)")
     ca = ha.replication_ca_file or cert
-    return wire.server_context(str(cert), str(key)), wire.client_context(str(ca))
+    # A file that cannot be used is named by the setting that gave it (the [tls] one
+    # when [ha] has none of its own).
+    names = ("replication_cert_file" if ha.replication_cert_file else "[tls] cert_file",
+             "replication_key_file" if ha.replication_key_file else "[tls] key_file")
+    ca_name = "replication_ca_file" if ha.replication_ca_file else names[0]
+    return (wire.server_context(str(cert), str(key), names),
+            wire.client_context(str(ca), ca_name))
 
 
 class LiveCompanion(Protocol):

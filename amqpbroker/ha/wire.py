@@ -26,6 +26,9 @@ import os
 import ssl
 import struct
 
+from ..server.tls import load_files
+
+SECTION = "[ha] replication_tls"
 HEAD = struct.Struct(">IB")
 U64 = struct.Struct(">Q")
 MAX_FRAME = 64 << 20     # a batch is at most GROUP_BYTES-sized in practice; a copy piece 1 MiB
@@ -74,19 +77,23 @@ def json_payload(payload: bytes) -> dict:
     return value
 
 
-def server_context(cert_file: str, key_file: str) -> ssl.SSLContext:
-    """The live broker's side of a TLS replication link."""
+def server_context(cert_file: str, key_file: str,
+                   names: tuple[str, str] = ("cert_file", "key_file")) -> ssl.SSLContext:
+    """The live broker's side of a TLS replication link.  ValueError naming the
+    settings (`names`) and files when one is missing or unusable (server/tls.py
+    `load_files`): OpenSSL's own words name no file."""
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(cert_file, key_file)
+    load_files(SECTION, ctx.load_cert_chain, **{names[0]: cert_file, names[1]: key_file})
     return ctx
 
 
-def client_context(ca_file: str) -> ssl.SSLContext:
+def client_context(ca_file: str, name: str = "ca_file") -> ssl.SSLContext:
     """The backup's side: the live broker's certificate must chain to `ca_file`.  The
     host name is not checked (brokers are often reached by address); the pair's
     secret proves the peer, TLS keeps the store's content private on the way."""
-    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca_file)
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    load_files(SECTION, lambda ca: ctx.load_verify_locations(cafile=ca), **{name: ca_file})
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.check_hostname = False
     return ctx
