@@ -45,6 +45,8 @@ from dataclasses import dataclass
 from types import EllipsisType
 from typing import Callable, Iterable
 
+from .numbers import ascii_int
+
 log = logging.getLogger("amqpbroker.alarms")
 
 MEMORY = "memory"
@@ -157,10 +159,9 @@ def limit_files(mounts: Iterable[CgroupMount], cgroups: dict[int, str]) -> list[
 def parse_limit(text: str) -> int | None:
     """A memory.max / memory.limit_in_bytes value: bytes, or None for no limit ("max",
     v1's huge number, or anything unreadable)."""
-    value = text.strip()
-    if not value.isdigit():
+    n = ascii_int(text.strip())
+    if n is None:
         return None                       # "max" (v2), or garbage
-    n = int(value)
     return None if n >= CGROUP_NO_LIMIT or n == 0 else n
 
 

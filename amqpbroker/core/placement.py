@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Union
 
 from .addresses import RESERVED_PREFIX, TEMP_PREFIX, split_address
+from .numbers import ascii_int
 
 DEFAULT_SLOTS = 256
 TOPIC_EXCHANGE = "amq.topic"
@@ -395,11 +396,10 @@ def member_address(key: str, index: int) -> str:
 def member_name(address: str) -> tuple[str, int] | None:
     """(destination, index) of a name of a member's form (`orders.p2` → (`orders`, 2)),
     whether or not the map has that member; None for any other name.  The index is
-    ASCII digits only: `str.isdigit` also takes `²`, which `int` refuses."""
+    ASCII digits only (core/numbers.py)."""
     base, dot, suffix = address.rpartition(".p")
-    if not dot or not suffix.isascii() or not suffix.isdigit():
-        return None
-    return base, int(suffix)
+    index = ascii_int(suffix) if dot else None
+    return None if index is None else (base, index)
 
 
 def member_base(address: str, slots: SlotMap) -> str | None:

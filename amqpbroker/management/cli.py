@@ -29,6 +29,7 @@ from typing import Any, Callable
 from urllib.parse import quote
 
 from ..core.durations import format_duration, parse_duration
+from ..core.numbers import ascii_int
 
 DEFAULT_URL = "http://127.0.0.1:8161"
 DEFAULT_QUEUE_LIMIT = 100
@@ -339,7 +340,7 @@ class Client:
             message = body.get("error") if isinstance(body, dict) else None
             raise ApiError(resp.status_code, message or f"HTTP {resp.status_code} {resp.reason_phrase}")
         total = resp.headers.get("x-total-count")
-        self.total = int(total) if total is not None and total.isdigit() else None
+        self.total = ascii_int(total) if total is not None else None
         return body
 
 

@@ -35,6 +35,8 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Iterable
 
+from ..core.numbers import ascii_int
+
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 LOOPBACK_NAMES = frozenset({"localhost"})
 DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -76,9 +78,10 @@ def split_host(value: str) -> tuple[str, int | None] | None:
             return None
         if not sep:
             return host, None
-    if not (port_text.isascii() and port_text.isdigit()) or len(port_text) > 5 or int(port_text) > 65535:
+    port = ascii_int(port_text) if len(port_text) <= 5 else None
+    if port is None or port > 65535:
         return None
-    return host, int(port_text)
+    return host, port
 
 
 def is_ip_literal(host: str) -> bool:

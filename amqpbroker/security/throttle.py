@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Callable
 
+from ..core.numbers import ascii_int
+
 MAX_NAMES_PER_ADDRESS = 64     # names remembered per address (more: their failures are never forgiven)
 IPV6_NETWORK = 64              # IPv6 addresses are counted by network: this prefix length
 
@@ -234,7 +236,7 @@ def source_address(peer: str) -> str:
     if peer.startswith("["):
         return peer[1:peer.find("]")] if "]" in peer else peer
     host, sep, port = peer.rpartition(":")
-    return host if sep and port.isdigit() else peer
+    return host if sep and ascii_int(port) is not None else peer
 
 
 def auth_throttle(settings: Any) -> AuthThrottle:

@@ -33,6 +33,8 @@ import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from ..core.numbers import ascii_int
+
 log = logging.getLogger("amqpbroker.users")
 
 __all__ = [
@@ -155,9 +157,9 @@ def parse_password_hash(s: str) -> ScramCredentials:
             "password hash must have the form "
             "'scram-sha-256$<iterations>$<b64 salt>$<b64 StoredKey>$<b64 ServerKey>'")
     iters, salt_b64, stored_b64, server_b64 = parts
-    if not iters.isascii() or not iters.isdigit():
+    iterations = ascii_int(iters)
+    if iterations is None:
         raise ValueError(f"password hash: iteration count {iters!r} is not a positive integer")
-    iterations = int(iters)
     if not 1 <= iterations <= _MAX_ITERATIONS:
         raise ValueError(f"password hash: iteration count {iterations} out of range 1..{_MAX_ITERATIONS}")
     decoded = []

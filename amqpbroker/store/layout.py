@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..core.numbers import ascii_int
 from .integrity import DATA_FILE
 
 
@@ -24,7 +25,7 @@ def worker_stores(data_dir: Path) -> list[int]:
     """K of each `node-K/store` in `data_dir` holding a store, ascending."""
     found = []
     for path in Path(data_dir).glob("node-*"):
-        index = path.name[len("node-"):]
-        if index.isdigit() and (path / "store" / DATA_FILE).exists():
-            found.append(int(index))
+        index = ascii_int(path.name[len("node-"):])
+        if index is not None and (path / "store" / DATA_FILE).exists():
+            found.append(index)
     return sorted(found)

@@ -28,6 +28,7 @@ import os
 import time
 from pathlib import Path
 
+from ..core.numbers import ascii_int
 from .base import StoreError
 
 LOCK_FILE = "broker.lock"
@@ -44,7 +45,7 @@ def holder_pid(path: Path) -> int | None:
         text = Path(path).read_text().split()
     except OSError:
         return None
-    return int(text[0]) if text and text[0].isdigit() else None
+    return ascii_int(text[0]) if text else None
 
 
 def pid_alive(pid: int) -> bool:
