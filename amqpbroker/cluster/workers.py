@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Settings
+from ..core.numbers import ascii_int
+from ..core.placement import DEFAULT_SLOTS
 from ..store.layout import single_store, worker_stores
 from .gate import StartGate
 from .node import EXIT_DRAINED, EXIT_REFUSED, WorkerSpec
@@ -43,17 +45,34 @@ EXIT_CANNOT_START = 2
 START_REFUSALS = 3
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity: a container's cpuset)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def worker_count(value: str) -> int:
-    """`--workers N` or `auto` (the machine's cores)."""
+    """`--workers N` or `auto` (the machine's cores).  At most one worker per slot of
+    the map: a worker beyond them would own nothing."""
     if value == "auto":
-        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    try:
-        n = int(value)
-    except ValueError:
-        raise ValueError(f"--workers needs a number of workers or auto, not {value!r}") from None
+        return usable_cores()
+    n = ascii_int(value)
+    if n is None:
+        raise ValueError(f"--workers needs a number of workers or auto, not {value!r}")
     if n < 1:
         raise ValueError("--workers must be at least 1")
+    if n > DEFAULT_SLOTS:
+        raise ValueError(f"--workers {n}: at most {DEFAULT_SLOTS}, the slots of the map (docs/cluster.md)")
     return n
+
+
+def crowding(count: int, cores: int) -> str | None:
+    """The warning for more workers than cores (None: not more).  Allowed (a machine
+    may be shared on purpose), but every worker past the cores only takes turns on one
+    with another and adds inter-node hops: rarely what was meant."""
+    if count <= cores:
+        return None
+    return (f"--workers {count} on {cores} usable cores: workers beyond the cores share them and add "
+            f"forwarding between workers; --workers auto starts one per core")
 
 
 def parse_weights(text: str | None, nodes: list[str]) -> dict[str, int]:
@@ -309,6 +328,9 @@ def _die_with_parent() -> None:
 def supervise(settings: Settings, count: int, weights: str | None, argv: list[str]) -> int:
     logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    warning = crowding(count, usable_cores())
+    if warning:
+        log.warning(warning)
     return Supervisor(settings, count, weights, argv).run()
 
 

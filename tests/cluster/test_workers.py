@@ -6,7 +6,7 @@ import pytest
 
 from amqpbroker.cli import _without_workers
 from amqpbroker.cluster.node import WorkerSpec, worker_settings
-from amqpbroker.cluster.workers import parse_weights, reserve_port, worker_count
+from amqpbroker.cluster.workers import crowding, parse_weights, reserve_port, worker_count
 from amqpbroker.config import Settings
 
 
@@ -15,6 +15,27 @@ def test_worker_count_auto_is_the_cores_this_process_may_use():
     assert worker_count("3") == 3
     with pytest.raises(ValueError):
         worker_count("0")
+
+
+@pytest.mark.parametrize("value", ["256", "257", "65536", " 3", "+3", "3.0", "²", "٣", "", "three"])
+def test_a_worker_count_is_ascii_digits_and_at_most_one_per_slot(value):
+    if value == "256":
+        assert worker_count(value) == 256
+        return
+    with pytest.raises(ValueError) as refused:
+        worker_count(value)
+    said = str(refused.value)
+    assert ("at most 256, the slots of the map" in said) if value.isascii() and value.isdigit() \
+        else ("--workers needs a number of workers or auto, not" in said)
+
+
+@pytest.mark.parametrize("count, cores, warned", [(1, 2, False), (2, 2, False), (3, 2, True), (65, 2, True),
+                                                  (8, 8, False)])
+def test_more_workers_than_cores_is_allowed_with_a_warning(count, cores, warned):
+    said = crowding(count, cores)
+    assert (said is not None) == warned
+    if warned:
+        assert said.startswith(f"--workers {count} on {cores} usable cores")
 
 
 def test_weights_default_even_and_zero_means_forward_only():
