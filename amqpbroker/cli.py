@@ -45,7 +45,8 @@ def _parser() -> argparse.ArgumentParser:
     add_parsers(sub)                                   # send, receive
     sub.add_parser("config", help="check a configuration file, print the configuration reference "
                                   "(see `amqpbroker config --help`)", add_help=False)
-    sub.add_parser("cluster", help="look at a cluster: `amqpbroker cluster status` (docs/cluster.md)",
+    sub.add_parser("cluster", help="look at a cluster, or remap it: `amqpbroker cluster status`, `cluster remap` "
+                                   "(docs/cluster.md)",
                    add_help=False)
     return p
 

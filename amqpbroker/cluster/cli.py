@@ -1,8 +1,11 @@
 """`amqpbroker cluster status`: the cluster as one node sees it (GET /api/cluster),
 through the management API of any node (the admin CLI's client and options).
+`amqpbroker cluster remap`: a new slot map from a node's configuration, written to
+ZooKeeper with every node stopped (cluster/remap.py).
 
     amqpbroker cluster status --url http://node-a:8161
     amqpbroker cluster status --json
+    amqpbroker cluster remap --config node.toml [--dry-run]
 """
 
 from __future__ import annotations
@@ -28,7 +31,42 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--timeout", type=float, default=10.0)
     sp.add_argument("--cacert", default=None)
     sp.add_argument("--insecure", action="store_true")
+    rp = sub.add_parser("remap", help="a new slot map from the configuration's nodes and weights (every node "
+                                      "stopped; docs/cluster.md)")
+    rp.add_argument("--config", required=True, help="a node's configuration file: its [cluster] zookeeper, name, "
+                                                    "nodes and weights")
+    rp.add_argument("--dry-run", action="store_true", help="print what would change, write nothing")
     return p
+
+
+def remap_main(args: argparse.Namespace, out: Any) -> int:
+    from pathlib import Path
+
+    from ..config import load_settings
+    from ..core.remap import RemapRefused
+    from .remap import remap
+    try:
+        settings = load_settings(Path(args.config))
+    except (OSError, ValueError) as exc:
+        print(f"amqpbroker cluster remap: {args.config}: {exc}", file=sys.stderr)
+        return 2
+    if settings.cluster is None or settings.cluster.zookeeper is None:
+        print("amqpbroker cluster remap: the configuration has no [cluster] with zookeeper (a `serve --workers` "
+              "map follows N and the weights at each start)", file=sys.stderr)
+        return 2
+    try:
+        done = remap(settings, write=not args.dry_run)
+    except RemapRefused as exc:
+        print(f"amqpbroker cluster remap: refused: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"amqpbroker cluster remap: {exc}", file=sys.stderr)
+        return 3
+    print(done.text, file=out)
+    print("(dry run: nothing written)" if args.dry_run else
+          f"written: slot map epoch {done.epoch}; start every node: none serves a client until each has moved "
+          f"out what it no longer owns", file=out)
+    return 0
 
 
 def render(view: dict) -> str:
@@ -58,6 +96,8 @@ def main(argv: list[str] | None = None, out: Any = None) -> int:
 
     args = _parser().parse_args(argv)
     out = out or sys.stdout
+    if args.command == "remap":
+        return remap_main(args, out)
     try:
         view = Client(args).call("GET", "/api/cluster")
     except ApiError as exc:

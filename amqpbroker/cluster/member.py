@@ -43,6 +43,7 @@ class MemberSide:
         self.inter: asyncio.AbstractServer | None = None
         self.where = ""
         self.shovels: Any = None
+        self.gate: Any = None               # zkgate.ZkGate while this node waits at it
 
     async def connect(self) -> None:
         """The ZooKeeper session and the slot map (raises when ZooKeeper cannot be had)."""
@@ -55,9 +56,21 @@ class MemberSide:
             pinned, partitioned = cluster_options(self.settings)
             self.slots = SlotMap(slots.owners, slots.live, slots.epoch, slots.pinned | pinned, partitioned)
             check_partitioned(self.slots)
+            await self._gate()
         except BaseException:
             await self.membership.stop()
             raise
+
+    async def _gate(self) -> None:
+        """A map made by a remap whose start gate is still shut: this node moves what
+        the map took from it and serves no client until every node has (zkgate.py)."""
+        from .zkgate import ZkGate
+        m = self.membership
+        if not m.gated:
+            return
+        gate = ZkGate(m, self.slots.epoch, m.map_nodes)
+        if not await gate.is_open():
+            self.gate = gate
 
     def _address_of(self, node: str) -> str:
         # Asked at each connection to a node: after a node's pair failed over, its
@@ -77,6 +90,11 @@ class MemberSide:
         router.tls = self.tls
         router.client_address = lambda n: tuple(membership.live[n]["amqp"].rsplit(":", 1))
         router.membership = membership
+        if self.gate is not None:
+            # Its misplaced subscriptions move (cluster/moves.py) instead of refusing the start.
+            router.moves_allowed = True
+            router.gate = (f"node {cfg.node_id} serves no client until every node has taken its place in the "
+                           f"new slot map (epoch {self.slots.epoch}: `amqpbroker cluster remap`)")
         server.cluster = router
 
     async def listen(self) -> None:
@@ -104,9 +122,25 @@ class MemberSide:
         membership.watch()
         self.shovels = Shovels(self.server, router)
         self.shovels.start()
-        log.info("cluster: node %s of %s, %d of %d slots, inter-node %s%s", cfg.node_id, ", ".join(cfg.nodes),
-                 len(self.slots.slots_of(cfg.node_id)), self.slots.slots, self.where,
-                 " (TLS)" if self.tls is not None else "")
+        if self.gate is not None:
+            await self._through_gate()
+        log.info("cluster: node %s of %s, %d of %d slots (slot map epoch %d), inter-node %s%s", cfg.node_id,
+                 ", ".join(membership.map_nodes or cfg.nodes), len(self.slots.slots_of(cfg.node_id)),
+                 self.slots.slots, self.slots.epoch, self.where, " (TLS)" if self.tls is not None else "")
+
+    async def _through_gate(self) -> None:
+        """Move out the subscriptions whose topics other nodes own now, say so, and wait
+        for every node to have done the same; then serve clients."""
+        from .moves import SubscriptionMoves
+        router, gate = self.router, self.gate
+        if router.to_move:
+            await SubscriptionMoves(self.server, self.shovels, router.to_move).start()
+            router.to_move = []
+        await gate.mark_ready(self.cfg.node_id)
+        await gate.wait_open()
+        router.gate = None
+        self.gate = None
+        log.info("cluster: node %s serves clients under slot map epoch %d", self.cfg.node_id, gate.epoch)
 
     async def close(self) -> None:
         """Serve nothing more; closing the session deletes the live znode at once."""

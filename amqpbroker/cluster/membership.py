@@ -5,7 +5,10 @@ Layout under /amqpbroker-cluster/<name>:
                map, made from the configuration by the first node that finds none
                (create-if-absent: one of them wins, the others read it).  Its znode
                version is the map's epoch (core/placement.SlotMap.epoch): nodes speak to
-               each other only under the same epoch (cluster/wire.py).
+               each other only under the same epoch (cluster/wire.py).  Written again
+               only by `amqpbroker cluster remap` (cluster/remap.py, compare-and-set,
+               with every node stopped), with "gate": true.
+  gate/<epoch> the start gate of a remapped map (cluster/zkgate.py).
   live/<node>  ephemeral JSON {"inter", "amqp"}: the node serves its slots while it holds
                it (the lock recipe without a queue); it goes with the node's session, so
                a node killed or cut off loses it one session timeout later, and its slots
@@ -63,6 +66,8 @@ class Membership:
         self._stale = False                      # the live nodes changed since the last read
         self._refreshing: asyncio.Task | None = None
         self.watching = False
+        self.map_nodes: list[str] = []           # the slot map's nodes (slot_map)
+        self.gated = False
 
     async def _call(self, fn: Callable, *args: Any) -> Any:
         return await self.loop.run_in_executor(None, fn, *args)
@@ -144,7 +149,10 @@ class Membership:
                         "configuration (%s, %s): the map wins", found["nodes"], found["weights"], cfg.nodes,
                         wanted["weights"])
         if cfg.node_id not in found["nodes"]:
-            raise ValueError(f"node '{cfg.node_id}' is not in the cluster's slot map (nodes {found['nodes']})")
+            raise ValueError(f"node '{cfg.node_id}' is not in the cluster's slot map (nodes {found['nodes']}): "
+                             f"`amqpbroker cluster remap` makes a map with it (docs/cluster.md)")
+        self.map_nodes = list(found["nodes"])
+        self.gated = bool(found.get("gate"))     # made by a remap: cluster/zkgate.py
         return SlotMap(tuple(found["owners"]), frozenset(), stat.version, frozenset(found.get("pinned", ())))
 
     # ------------------------------------------------------------------ live nodes

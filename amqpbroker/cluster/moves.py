@@ -158,6 +158,7 @@ class SubscriptionMoves:
         registry, here = server.subscriptions, shovels.node
         self.pending = {m.queue: plan(registry.by_queue[m.queue], m, here) for m in misplaced}
         self.done = asyncio.get_running_loop().create_future()
+        self.told: set[tuple[str, str]] = set()   # (queue, node) said to wait for that node
 
     def start(self) -> "asyncio.Future[None]":
         if not self.pending:
@@ -172,8 +173,17 @@ class SubscriptionMoves:
         if p is None or node not in p.left or self.done.done():
             return
         record, _, backlog = next(send for send in p.sends if send[1] == node)
-        queue = self.server.broker.queues[name] if backlog else NoBacklog(name)
         b = record.binding
+        if not self.shovels.router.slots.available(node):
+            # A node of a cluster of machines that is not up yet (a remap's gate waits for
+            # it too: cluster/zkgate.py); `serve --workers` nodes are always named live.
+            if (name, node) not in self.told:
+                self.told.add((name, node))
+                log.info("durable subscription '%s' (topic %s/%s) waits for node %s to be live to move there",
+                         record.key.name, b.exchange, b.key, node)
+            self.server.loop.call_later(RETRY, self._begin, name, node)
+            return
+        queue = self.server.broker.queues[name] if backlog else NoBacklog(name)
         log.info("moving durable subscription '%s' (topic %s/%s, %d message(s)) to node %s", record.key.name,
                  b.exchange, b.key, queue.depth, node)
         MoveLink(self, record, queue, node).start()

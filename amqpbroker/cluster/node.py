@@ -235,7 +235,14 @@ async def run_member(settings: Settings, loop: asyncio.AbstractEventLoop, config
         log.error("cannot start node %s: %s", cfg.node_id, exc)
         await side.membership.stop()
         return EXIT_REFUSED if isinstance(exc, MisplacedSubscriptions) else 2
-    await _unless_stopped(side.go_live(), stopped)
+    from .moves import MoveRefused
+    try:
+        await _unless_stopped(side.go_live(), stopped)   # behind a remapped map's gate: its moves first
+    except MoveRefused as exc:
+        log.error("cannot start node %s: %s", cfg.node_id, exc)
+        await side.close()
+        await server.stop()
+        return EXIT_REFUSED
     from ..server.resources import tune_gc
     tune_gc()
     install_signal_handlers(loop, stopped.set, server.reloader.on_signal)   # SIGHUP: live reload, once started

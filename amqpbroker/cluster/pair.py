@@ -60,12 +60,20 @@ class PairCompanion:
         # it (one session timeout after a kill -9): meanwhile this broker is live for
         # the pair and serves no slot.  The pair's own loop must not wait for it.
         self.joining = self.loop.create_task(self.side.go_live())
+        self.joining.add_done_callback(_told)
 
     async def close(self) -> None:
         if self.joining is not None and not self.joining.done():
             self.joining.cancel()
             await asyncio.gather(self.joining, return_exceptions=True)
         await self.side.close()
+
+
+def _told(task: asyncio.Task) -> None:
+    """A live broker's join that failed (a move refused behind a remapped map's gate,
+    cluster/zkgate.py): it serves no client, and says why."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("cluster: this node serves no client: %s", task.exception())
 
 
 async def run_pair(settings: Settings, loop: asyncio.AbstractEventLoop, config_file: Path | None = None,

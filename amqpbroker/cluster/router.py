@@ -219,6 +219,7 @@ class Router:
         self.client_address: Callable[[str], tuple[str, Any]] = lambda node: ("", 0)
         self.moves_allowed = False   # serve --workers: misplaced subscriptions move (cluster/moves.py)
         self.to_move: list[HeldSubscription] = []
+        self.gate: str | None = None   # why clients wait: a remapped map's start gate is shut (cluster/zkgate.py)
 
     def describe(self) -> dict:
         """GET /api/cluster (and the cluster's /metrics): this node's view of the cluster."""
@@ -271,6 +272,8 @@ class Router:
         if not self.serving:
             raise AttachRefused(UNAVAILABLE, f"node {self.node} serves nothing now (its ZooKeeper session is "
                                              f"in doubt, or it is taking its place again)")
+        if self.gate is not None and not self.from_node(handler):
+            raise AttachRefused(UNAVAILABLE, self.gate)   # a remapped map's start gate (cluster/zkgate.py)
         if self.from_node(handler):
             # Placed by the node that sent it: served here; or another node's lookup
             # of a subscription name (cluster/guard.py), answered here.

@@ -1,0 +1,107 @@
+"""A new slot map for a cluster of machines (`amqpbroker cluster remap`, docs/cluster.md
+"Adding a machine"): which node owns each slot once nodes are added or weights change,
+moving as few slots as can be.  Pure: cluster/remap.py reads and writes ZooKeeper, the
+nodes move what the new map took from them behind the start gate (cluster/member.py).
+
+Rules, each a refusal with its reason (RemapRefused):
+* the slots stay as many as they are: a slot is a hash of an address modulo their
+  number, so another number would move nearly every address;
+* a node leaves the map only once it owns nothing (weight 0 in the current map, and
+  emptied since: its queues go to their owners, its durable subscriptions moved when
+  that map's gate opened); a node that still owns slots may hold what nobody else has;
+* at least one node owns slots; a map equal to the current one is not written again
+  (that would make every node wait at a gate for nothing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+
+class RemapRefused(ValueError):
+    """The new map would lose or strand something, or means nothing new."""
+
+
+@dataclass(frozen=True)
+class Remap:
+    nodes: tuple[str, ...]
+    weights: dict[str, int]
+    owners: tuple[str, ...]
+    moves: dict[tuple[str, str], int]   # (from node, to node) → slots
+
+    @property
+    def moved(self) -> int:
+        return sum(self.moves.values())
+
+    def as_map(self, pinned: Sequence[str]) -> dict:
+        """The map znode's JSON (cluster/membership.py); `gate`: the nodes serve no
+        client under it until every node has moved out what it no longer owns."""
+        return {"nodes": list(self.nodes), "weights": dict(self.weights), "slots": len(self.owners),
+                "owners": list(self.owners), "pinned": sorted(pinned), "gate": True}
+
+
+def targets(nodes: Sequence[str], weights: Mapping[str, int], slots: int) -> dict[str, int]:
+    """Slots per node in proportion to its weight (default 1): the whole parts first,
+    then one more to each of the largest remainders (ties in the nodes' order)."""
+    w = {n: max(0, weights.get(n, 1)) for n in nodes}
+    total = sum(w.values())
+    if total == 0:
+        raise RemapRefused("at least one node must own slots (every weight is 0)")
+    counts = {n: slots * w[n] // total for n in nodes}
+    left = slots - sum(counts.values())
+    by_remainder = sorted(nodes, key=lambda n: (-(slots * w[n] % total), nodes.index(n)))
+    for n in by_remainder[:left]:
+        counts[n] += 1
+    return counts
+
+
+def rebalance(owners: Sequence[str], nodes: Sequence[str], weights: Mapping[str, int]) -> tuple[str, ...]:
+    """Each slot stays with its owner while that owner is in `nodes` and under its
+    target; the others go, in slot order, to the first node (in `nodes` order) still
+    under its own.  So only the slots that must move do."""
+    want = targets(nodes, weights, len(owners))
+    held = dict.fromkeys(nodes, 0)
+    new: list[str | None] = []
+    for owner in owners:
+        keep = owner in want and held[owner] < want[owner]
+        new.append(owner if keep else None)
+        if keep:
+            held[owner] += 1
+    hungry = iter(n for n in nodes for _ in range(want[n] - held[n]))
+    return tuple(owner if owner is not None else next(hungry) for owner in new)
+
+
+def plan_remap(current: Mapping, nodes: Sequence[str], weights: Mapping[str, int]) -> Remap:
+    """The new map from the current map znode's JSON and the wanted nodes and weights."""
+    nodes = tuple(nodes)
+    if not nodes or len(set(nodes)) != len(nodes):
+        raise RemapRefused("the nodes must be named, each once")
+    unknown = sorted(set(weights) - set(nodes))
+    if unknown:
+        raise RemapRefused(f"weights name nodes that are not in nodes: {unknown}")
+    old_owners = tuple(current["owners"])
+    old_weights = current.get("weights", {})
+    leaving = [n for n in current["nodes"] if n not in nodes]
+    owning = sorted(n for n in leaving if n in old_owners or old_weights.get(n, 1) != 0)
+    if owning:
+        raise RemapRefused(f"node(s) {', '.join(owning)} still own slots: give them weight 0 first (a remap), "
+                           f"let them empty, then leave them out")
+    full = {n: weights.get(n, 1) for n in nodes}
+    if list(nodes) == list(current["nodes"]) and full == {n: old_weights.get(n, 1) for n in nodes}:
+        raise RemapRefused("the slot map has these nodes and weights already: nothing to write")
+    owners = rebalance(old_owners, nodes, full)
+    moves: dict[tuple[str, str], int] = {}
+    for old, new in zip(old_owners, owners):
+        if old != new:
+            moves[(old, new)] = moves.get((old, new), 0) + 1
+    return Remap(nodes, full, owners, moves)
+
+
+def describe(remap: Remap, epoch: int) -> str:
+    """What a remap does, in one paragraph (the command prints it)."""
+    count = {n: remap.owners.count(n) for n in remap.nodes}
+    lines = [f"slot map epoch {epoch} -> {epoch + 1}: {remap.moved} of {len(remap.owners)} slots change owner"]
+    lines += [f"  {a} -> {b}: {k} slots" for (a, b), k in sorted(remap.moves.items())]
+    lines.append("  owned: " + ", ".join(f"{n} {count[n]}" for n in remap.nodes))
+    return "\n".join(lines)
