@@ -29,14 +29,17 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
 import pytest
-from proton import Timeout
+from proton import ConnectionException, Timeout
+from proton.reactor import Container
+from proton.utils import LinkDetached
 
 from tests.client import connect
-from tests.e2e.crash_support import send_durable
+from tests.e2e.crash_support import Traffic, _UntilSettled
 from tests.e2e.helpers_delivery import receiver
 from tests.e2e.jms_links import durable_consumer
 from tests.e2e.test_cluster_remap import Nodes, subscribe
@@ -53,6 +56,7 @@ PER_STEP = 400
 WINDOW = 256        # a move's window (cluster/shovel.py): the most copies one fault can cost
 PAUSES = (1.5, 6.0)  # under and over the nodes' ZooKeeper session timeout (4 s)
 ACTIONS = ("none", "kill", "pause", "kill all")
+RETRIES = 60        # tries of a producer or reader refused while a node takes its place again
 
 
 def weights_line(weights: dict) -> str:
@@ -93,12 +97,22 @@ class Walk:
     # --- traffic
 
     def publish(self, step: int) -> None:
+        """PER_STEP durable messages to each destination, through nodes drawn from the
+        seed; a producer refused (a node between two ZooKeeper sessions after a pause
+        refuses attaches `amqpbroker:resource-unavailable` until it holds its live znode
+        again) tries again, as a failover client does."""
         for dest in (*TOPICS, *QUEUES):
             address = f"amq.topic/{dest}" if dest in TOPICS else dest
-            sent = send_durable(self.nodes.procs[self.rng.choice(self.running)], address, PER_STEP,
-                                f"s{step}-{dest}", window=100, body=b"p" * 256)
-            self.accepted[dest] |= sent.accepted
-            self.sent |= set(sent.sent)
+            for attempt in range(RETRIES):
+                sent = send_once(self.nodes.procs[self.rng.choice(self.running)], address,
+                                 f"s{step}-{dest}-{attempt}")
+                self.accepted[dest] |= sent.accepted
+                self.sent |= set(sent.sent)
+                if not sent.errors and len(sent.accepted) == PER_STEP:
+                    break
+                time.sleep(0.5)
+            else:
+                raise AssertionError(f"no producer to {address} got through in {RETRIES} tries")
 
     # --- a remap, and the nemesis while the gate is shut
 
@@ -168,25 +182,48 @@ class Walk:
     # --- the checker
 
     def read_all(self) -> dict[str, list[str]]:
-        got = {}
-        for dest in TOPICS:
-            conn = connect(self.url(), container_id=f"app-sub-{dest}")
-            got[dest] = _ids(durable_consumer(conn, dest, f"sub-{dest}", credit=500))
-            conn.close()
-        for dest in QUEUES:
-            conn = connect(self.url())
-            got[dest] = _ids(receiver(conn, dest, credit=500))
-            conn.close()
+        """Every destination read to the bottom (a reader refused or cut tries again)."""
+        got: dict[str, list[str]] = {}
+        for dest in (*TOPICS, *QUEUES):
+            ids: list[str] = []
+            for _ in range(RETRIES):
+                try:
+                    if dest in TOPICS:
+                        conn = connect(self.url(), container_id=f"app-sub-{dest}")
+                        _read(durable_consumer(conn, dest, f"sub-{dest}", credit=500), ids)
+                    else:
+                        conn = connect(self.url())
+                        _read(receiver(conn, dest, credit=500), ids)
+                    conn.close()
+                    break
+                except (LinkDetached, ConnectionException):
+                    time.sleep(0.5)
+            else:
+                raise AssertionError(f"no reader of {dest} got through in {RETRIES} tries")
+            got[dest] = ids
         return got
 
 
-def _ids(rcv) -> list[str]:
-    ids = []
+class _Producer(_UntilSettled):
+    def on_link_error(self, event):   # refused: this try ends now, the caller tries again
+        self.t.errors.append(f"link refused: {event.link.remote_condition}")
+        self._stop(event.container)
+
+
+def send_once(proc, address: str, prefix: str) -> Traffic:
+    t = Traffic(prefix)
+    handler = _Producer(proc.url, address, t, 10**9, threading.Event(), consume=False, window=100,
+                        body=b"p" * 256, max_messages=PER_STEP, deadline=60.0, prefetch=0)
+    Container(handler).run()
+    return t
+
+
+def _read(rcv, ids: list[str]) -> None:
     while True:
         try:
             msg = rcv.receive(timeout=5.0)
         except Timeout:
-            return ids
+            return
         ids.append(msg.id)
         rcv.accept()
 
@@ -226,6 +263,11 @@ def test_remaps_under_a_nemesis_lose_no_accepted_message(seed, tmp_path):
             assert extra <= WINDOW * (walk.faults + 3), f"{dest}: {extra} copies"
         for node in walk.running:
             assert "Traceback" not in nodes.procs[node].log_text(), nodes.procs[node].log_text()[-3000:]
+    except BaseException:
+        for node, proc in nodes.procs.items():   # what each node said, for the failure's reader
+            lines = [ln for ln in proc.log_text().splitlines() if " DEBUG " not in ln]
+            print(f"--- node {node}, last lines:\n" + "\n".join(lines[-60:]))
+        raise
     finally:
         nodes.stop()
         zk.stop()
