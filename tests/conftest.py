@@ -39,3 +39,13 @@ def broker_factory(tmp_path):
     yield make
     for proc in started:
         proc.stop()
+
+
+@pytest.fixture
+def zookeeper(tmp_path):
+    """A real ZooKeeper of this test's own (tests/e2e/ha_harness.py: the Debian package;
+    skipped, or failed under CI, when it cannot be had)."""
+    from tests.e2e.ha_harness import ZooKeeper
+    zk = ZooKeeper(tmp_path / "zk").start()
+    yield zk
+    zk.stop()

@@ -93,16 +93,6 @@ class Nodes:
 
 
 @pytest.fixture
-def zookeeper(tmp_path):
-    from tests.e2e.ha_harness import ZooKeeper, zookeeper_jar
-    zookeeper_jar()
-    (tmp_path / "zk").mkdir()
-    zk = ZooKeeper(tmp_path / "zk").start()
-    yield zk
-    zk.stop()
-
-
-@pytest.fixture
 def nodes(tmp_path, zookeeper):
     n = Nodes(tmp_path, zookeeper)
     yield n
@@ -204,19 +194,22 @@ def test_adding_a_machine_moves_its_share_behind_the_gate_and_loses_nothing(node
         assert "Traceback" not in proc.log_text()
 
 
+def read_ids(rcv, ids: list[str], quiet: float = 3.0) -> list[str]:
+    """Accept and append each message's id to `ids` until nothing comes for `quiet` s."""
+    while True:
+        try:
+            msg = rcv.receive(timeout=quiet)
+        except Timeout:
+            return ids
+        ids.append(msg.id)
+        rcv.accept()
+
+
 def subscription_ids(url: str, topic: str, sub: str) -> list[str]:
     """The message ids subscription `sub` holds, in the order it gives them (accepted)."""
     conn = connect(url, container_id=f"app-{sub}")
-    rcv = durable_consumer(conn, topic, sub, credit=500)
-    ids = []
     try:
-        while True:
-            try:
-                msg = rcv.receive(timeout=3.0)
-            except Timeout:
-                return ids
-            ids.append(msg.id)
-            rcv.accept()
+        return read_ids(durable_consumer(conn, topic, sub, credit=500), [])
     finally:
         conn.close()
 

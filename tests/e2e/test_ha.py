@@ -28,13 +28,6 @@ from tests.e2e.jms_links import durable_consumer, shared_consumer
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 
-@pytest.fixture
-def zookeeper(tmp_path):
-    zk = ZooKeeper(tmp_path / "zk").start()
-    yield zk
-    zk.stop()
-
-
 class Pair:
     def __init__(self, zk: ZooKeeper, tmp_path):
         cluster = uuid.uuid4().hex[:8]

@@ -16,17 +16,10 @@ import uuid
 import pytest
 
 from tests.e2e.crash_support import assess, drain, send_durable
-from tests.e2e.ha_harness import HaBroker, ZooKeeper, free_port, pair_config
+from tests.e2e.ha_harness import HaBroker, free_port, pair_config
 from tests.e2e.helpers_conn import make_self_signed
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
-
-
-@pytest.fixture
-def zookeeper(tmp_path):
-    zk = ZooKeeper(tmp_path / "zk").start()
-    yield zk
-    zk.stop()
 
 
 @pytest.fixture

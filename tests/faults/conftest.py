@@ -5,15 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.ha_harness import ZooKeeper
 from tests.faults.harness import FaultPair
-
-
-@pytest.fixture
-def zookeeper(tmp_path):
-    zk = ZooKeeper(tmp_path / "zk").start()
-    yield zk
-    zk.stop()
 
 
 @pytest.fixture

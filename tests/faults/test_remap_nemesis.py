@@ -34,7 +34,7 @@ import time
 import urllib.request
 
 import pytest
-from proton import ConnectionException, Timeout
+from proton import ConnectionException
 from proton.reactor import Container
 from proton.utils import LinkDetached
 
@@ -42,7 +42,7 @@ from tests.client import connect
 from tests.e2e.crash_support import Traffic, _UntilSettled
 from tests.e2e.helpers_delivery import receiver
 from tests.e2e.jms_links import durable_consumer
-from tests.e2e.test_cluster_remap import Nodes, subscribe
+from tests.e2e.test_cluster_remap import Nodes, read_ids, subscribe
 
 SCHEDULES = int(os.environ.get("REMAP_SCHEDULES", "2"))
 FIRST_SEED = int(os.environ.get("REMAP_FIRST_SEED", "1"))
@@ -190,10 +190,10 @@ class Walk:
                 try:
                     if dest in TOPICS:
                         conn = connect(self.url(), container_id=f"app-sub-{dest}")
-                        _read(durable_consumer(conn, dest, f"sub-{dest}", credit=500), ids)
+                        read_ids(durable_consumer(conn, dest, f"sub-{dest}", credit=500), ids, quiet=5.0)
                     else:
                         conn = connect(self.url())
-                        _read(receiver(conn, dest, credit=500), ids)
+                        read_ids(receiver(conn, dest, credit=500), ids, quiet=5.0)
                     conn.close()
                     break
                 except (LinkDetached, ConnectionException):
@@ -218,23 +218,10 @@ def send_once(proc, address: str, prefix: str) -> Traffic:
     return t
 
 
-def _read(rcv, ids: list[str]) -> None:
-    while True:
-        try:
-            msg = rcv.receive(timeout=5.0)
-        except Timeout:
-            return
-        ids.append(msg.id)
-        rcv.accept()
-
 
 @pytest.mark.parametrize("seed", range(FIRST_SEED, FIRST_SEED + SCHEDULES))
-def test_remaps_under_a_nemesis_lose_no_accepted_message(seed, tmp_path):
-    from tests.e2e.ha_harness import ZooKeeper, zookeeper_jar
-    zookeeper_jar()
-    (tmp_path / "zk").mkdir()
-    zk = ZooKeeper(tmp_path / "zk").start()
-    nodes = Nodes(tmp_path, zk)
+def test_remaps_under_a_nemesis_lose_no_accepted_message(seed, tmp_path, zookeeper):
+    nodes = Nodes(tmp_path, zookeeper)
     walk = Walk(nodes, random.Random(seed))
     try:
         first, _ = WALK[0]
@@ -270,4 +257,3 @@ def test_remaps_under_a_nemesis_lose_no_accepted_message(seed, tmp_path):
         raise
     finally:
         nodes.stop()
-        zk.stop()

@@ -57,52 +57,49 @@ def _settings(text: str, files: dict):
     return load_settings(text=text.format(**files))
 
 
-@pytest.mark.parametrize("text, said", [
-    (HA + 'replication_cert_file = "{missing}"\nreplication_key_file = "{key}"\n',
-     "[ha] replication_tls: no such file: replication_cert_file {missing}"),
-    (HA + 'replication_cert_file = "{cert}"\nreplication_key_file = "{stranger}"\n',
-     "[ha] replication_tls replication_cert_file {cert}, replication_key_file {stranger}: not PEM"),
-    (HA + 'replication_cert_file = "{cert}"\nreplication_key_file = "{key}"\nreplication_ca_file = "{junk}"\n',
-     "[ha] replication_tls replication_ca_file {junk}: not PEM"),
-    ('[tls]\ncert_file = "{cert}"\nkey_file = "{missing}"\n' + HA,
-     "[ha] replication_tls: no such file: [tls] key_file {missing}"),
-])
-def test_a_replication_file_that_cannot_be_used_is_named(files, text, said):
+def _replication(settings):
     from amqpbroker.ha.node import replication_tls
-    settings = _settings(text, files)
+    return replication_tls(settings)
+
+
+def _inter_node(settings):
+    from amqpbroker.cluster.tls import node_tls
+    return node_tls(settings)
+
+
+@pytest.mark.parametrize("load, text, said", [
+    (_replication, HA + 'replication_cert_file = "{missing}"\nreplication_key_file = "{key}"\n',
+     "[ha] replication_tls: no such file: replication_cert_file {missing}"),
+    (_replication, HA + 'replication_cert_file = "{cert}"\nreplication_key_file = "{stranger}"\n',
+     "[ha] replication_tls replication_cert_file {cert}, replication_key_file {stranger}: not PEM"),
+    (_replication, HA + 'replication_cert_file = "{cert}"\nreplication_key_file = "{key}"\n'
+                        'replication_ca_file = "{junk}"\n',
+     "[ha] replication_tls replication_ca_file {junk}: not PEM"),
+    (_replication, '[tls]\ncert_file = "{cert}"\nkey_file = "{missing}"\n' + HA,
+     "[ha] replication_tls: no such file: [tls] key_file {missing}"),
+    (_inter_node, CLUSTER + 'tls_cert_file = "{cert}"\ntls_key_file = "{key}"\ntls_ca_file = "{missing}"\n',
+     "[cluster] tls: no such file: tls_ca_file {missing}"),
+    (_inter_node, CLUSTER + 'tls_cert_file = "{junk}"\ntls_key_file = "{key}"\ntls_ca_file = "{cert}"\n',
+     "[cluster] tls tls_cert_file {junk}, tls_key_file {key}: not PEM"),
+    (_inter_node, '[tls]\ncert_file = "{cert}"\nkey_file = "{stranger}"\nclient_ca_file = "{cert}"\n' + CLUSTER,
+     "[cluster] tls [tls] cert_file {cert}, [tls] key_file {stranger}: not PEM of the kind expected, "
+     "or a key that does not match"),
+    (_inter_node, '[tls]\ncert_file = "{cert}"\nkey_file = "{key}"\nclient_ca_file = "{missing}"\n' + CLUSTER,
+     "[cluster] tls: no such file: [tls] client_ca_file {missing}"),
+])
+def test_a_replication_or_inter_node_file_that_cannot_be_used_is_named(files, load, text, said):
     with pytest.raises(ValueError) as refused:
-        replication_tls(settings)
+        load(_settings(text, files))
     assert said.format(**files) in str(refused.value)
 
 
 def test_the_right_replication_files_make_both_contexts(files):
-    from amqpbroker.ha.node import replication_tls
     text = HA + 'replication_cert_file = "{cert}"\nreplication_key_file = "{key}"\n'
-    server, client = replication_tls(_settings(text, files))
+    server, client = _replication(_settings(text, files))
     assert server is not None and client is not None
 
 
-@pytest.mark.parametrize("text, said", [
-    (CLUSTER + 'tls_cert_file = "{cert}"\ntls_key_file = "{key}"\ntls_ca_file = "{missing}"\n',
-     "[cluster] tls: no such file: tls_ca_file {missing}"),
-    (CLUSTER + 'tls_cert_file = "{junk}"\ntls_key_file = "{key}"\ntls_ca_file = "{cert}"\n',
-     "[cluster] tls tls_cert_file {junk}, tls_key_file {key}: not PEM"),
-    ('[tls]\ncert_file = "{cert}"\nkey_file = "{stranger}"\nclient_ca_file = "{cert}"\n' + CLUSTER,
-     "[cluster] tls [tls] cert_file {cert}, [tls] key_file {stranger}: not PEM of the kind expected, "
-     "or a key that does not match"),
-    ('[tls]\ncert_file = "{cert}"\nkey_file = "{key}"\nclient_ca_file = "{missing}"\n' + CLUSTER,
-     "[cluster] tls: no such file: [tls] client_ca_file {missing}"),
-])
-def test_an_inter_node_file_that_cannot_be_used_is_named(files, text, said):
-    from amqpbroker.cluster.tls import node_tls
-    settings = _settings(text, files)
-    with pytest.raises(ValueError) as refused:
-        node_tls(settings)
-    assert said.format(**files) in str(refused.value)
-
-
 def test_the_right_inter_node_files_make_both_contexts(files):
-    from amqpbroker.cluster.tls import node_tls
     text = CLUSTER + 'tls_cert_file = "{cert}"\ntls_key_file = "{key}"\ntls_ca_file = "{cert}"\n'
-    made = node_tls(_settings(text, files))
+    made = _inter_node(_settings(text, files))
     assert made is not None and made.server.verify_mode.name == "CERT_REQUIRED"
