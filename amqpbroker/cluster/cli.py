@@ -75,6 +75,8 @@ def render(view: dict) -> str:
         return "this broker is not a node of a cluster"
     lines = [f"node {view['node']} ({'serving' if view['serving'] else 'NOT SERVING'}), "
              f"slot map epoch {view['epoch']}, {view['slots']} slots"]
+    if view.get("gate"):
+        lines.append(f"clients wait: {view['gate']}")
     zk = view.get("zookeeper")
     if zk:
         lines.append(f"ZooKeeper {zk['zookeeper']} {zk['path']}: session {zk['session']}")

@@ -237,7 +237,8 @@ class Router:
             nodes.append({"node": node, "live": slots.available(node), "slots": len(slots.slots_of(node)),
                           "here": node == self.node,
                           "connections": sum(1 for p in peers if p.node == node)})
-        view = {"node": self.node, "serving": self.serving, "epoch": slots.epoch, "slots": slots.slots,
+        view = {"node": self.node, "serving": self.serving, "gate": self.gate, "epoch": slots.epoch,
+                "slots": slots.slots,
                 "slots_owned": len(slots.slots_of(self.node)), "tls": self.tls is not None,
                 "nodes": nodes, "pinned_exchanges": sorted(slots.pinned),
                 "partitioned": [{"address": key, "members": [{"address": a, "node": n} for a, n in

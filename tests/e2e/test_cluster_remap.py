@@ -176,6 +176,9 @@ def test_adding_a_machine_moves_its_share_behind_the_gate_and_loses_nothing(node
     conn.close()
     assert held.value.condition == "amqpbroker:resource-unavailable"
     assert "serves no client until every node has taken its place in the new slot map" in str(held.value)
+    status = subprocess.run([sys.executable, "-m", "amqpbroker.cli", "cluster", "status", "--url",
+                             f"http://127.0.0.1:{a.ports['management']}"], capture_output=True, text=True, timeout=60)
+    assert "clients wait: node a serves no client until every node" in status.stdout, status.stdout + status.stderr
 
     c = nodes.start("c", ["a", "b", "c"])
     wait_serving((a, b, c), 1)
