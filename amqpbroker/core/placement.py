@@ -520,6 +520,6 @@ class MisplacedSubscriptions(Exception):
             f"node {node} holds {len(found)} durable subscription(s) whose topic another node owns under "
             f"this slot map: {shown}{more}.  The map changed since they were made (--workers or "
             f"--worker-weights, or [cluster] pinned / partitioned); a subscription moves with its topic only "
-            f"while `serve --workers` starts, and attaching one again would delete it here with its messages.  "
+            f"while `serve --workers` starts or behind the gate of a `cluster remap`, and attaching one again would delete it here with its messages.  "
             f"Start with the map they were made under, or receive and unsubscribe them there first")
         self.found = found
