@@ -223,6 +223,9 @@ async def run_member(settings: Settings, loop: asyncio.AbstractEventLoop, config
     install_signal_handlers(loop, stopped.set)
     try:
         await side.connect()
+    except ValueError as exc:   # the slot map and this node's configuration disagree (not in it, members)
+        log.error("cannot start node %s: %s", cfg.node_id, exc)
+        return 2
     except Exception as exc:
         log.error("cannot start node %s: ZooKeeper at %s: %s", cfg.node_id, cfg.zookeeper, exc)
         return 2

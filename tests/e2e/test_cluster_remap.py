@@ -194,6 +194,10 @@ def test_adding_a_machine_moves_its_share_behind_the_gate_and_loses_nothing(node
     view = api(c, "/api/cluster")
     assert view["epoch"] == 1 and view["serving"] is True
     assert {n["node"]: n["slots"] for n in view["nodes"]} == {"a": 86, "b": 85, "c": 85}
+    with pytest.raises(RuntimeError) as not_in_map:   # a machine started before its remap
+        nodes.start("d", ["a", "b", "c", "d"])
+    assert ("cannot start node d: node 'd' is not in the cluster's slot map (nodes ['a', 'b', 'c']): "
+            "`amqpbroker cluster remap` makes a map with it") in str(not_in_map.value)
     for proc in (a, b, c):
         assert "Traceback" not in proc.log_text()
 
