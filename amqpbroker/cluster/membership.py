@@ -36,6 +36,7 @@ from typing import Any, Callable
 
 from ..config import ClusterConfig
 from ..core.placement import SlotMap, spread
+from ..core.remap import map_record
 
 log = logging.getLogger("amqpbroker.cluster")
 
@@ -134,9 +135,8 @@ class Membership:
     async def slot_map(self) -> SlotMap:
         from kazoo.exceptions import NodeExistsError
         cfg = self.cfg
-        wanted = {"nodes": cfg.nodes, "weights": {n: cfg.weights.get(n, 1) for n in cfg.nodes},
-                  "slots": cfg.slots, "pinned": sorted(cfg.pinned_exchanges)}
-        wanted["owners"] = list(spread(cfg.nodes, wanted["weights"], cfg.slots))
+        weights = {n: cfg.weights.get(n, 1) for n in cfg.nodes}
+        wanted = map_record(cfg.nodes, weights, spread(cfg.nodes, weights, cfg.slots), cfg.pinned_exchanges)
         try:
             await self._call(self.client.create, self.map_path, json.dumps(wanted).encode())
             log.info("cluster: slot map made (%d slots over %s)", cfg.slots, ", ".join(cfg.nodes))
@@ -144,10 +144,10 @@ class Membership:
             pass
         data, stat = await self._call(self.client.get, self.map_path)
         found = json.loads(data)
-        if found["nodes"] != cfg.nodes or found["weights"] != wanted["weights"]:
+        if found["nodes"] != cfg.nodes or found["weights"] != weights:
             log.warning("cluster: the slot map in ZooKeeper (nodes %s, weights %s) is not this node's "
                         "configuration (%s, %s): the map wins", found["nodes"], found["weights"], cfg.nodes,
-                        wanted["weights"])
+                        weights)
         if cfg.node_id not in found["nodes"]:
             raise ValueError(f"node '{cfg.node_id}' is not in the cluster's slot map (nodes {found['nodes']}): "
                              f"`amqpbroker cluster remap` makes a map with it (docs/cluster.md)")

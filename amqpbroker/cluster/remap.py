@@ -53,7 +53,7 @@ def remap(settings: Settings, *, write: bool = True) -> RemapDone:
             raise RemapRefused(f"stop every node first (a node serving under the old map would place addresses "
                                f"differently): live now: {', '.join(live)}")
         plan = plan_remap(current, cfg.nodes, cfg.weights)
-        _check_partitioned(settings, plan, current)
+        _check_partitioned(settings, plan)
         text = describe(plan, stat.version)
         if not write:
             return RemapDone(plan, stat.version, text)
@@ -80,13 +80,12 @@ def _live(client: Any, root: str) -> list[str]:
         return []
 
 
-def _check_partitioned(settings: Settings, plan: Remap, current: dict) -> None:
+def _check_partitioned(settings: Settings, plan: Remap) -> None:
     """A partitioned destination needs as many owning nodes as it has members, as at a
     node's start (cluster/options.py): refused here rather than by every node."""
     from .options import check_partitioned, cluster_options
-    pinned, partitioned = cluster_options(settings)
+    _, partitioned = cluster_options(settings)
     try:
-        check_partitioned(SlotMap(plan.owners, frozenset(), 0, frozenset(current.get("pinned", ())) | pinned,
-                                  partitioned))
+        check_partitioned(SlotMap(plan.owners, partitioned=partitioned))
     except ValueError as exc:
         raise RemapRefused(str(exc)) from None

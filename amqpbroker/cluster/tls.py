@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import ssl
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from ..server.tls import load_files
+from ..server.tls import chosen_file, load_files
 
 SECTION = "[cluster] tls"
 
@@ -31,38 +30,35 @@ class NodeTls:
     verify_hostname: bool
 
 
-def files(settings: Any) -> tuple[Path, Path, Path]:
-    """(certificate, key, CA) for the inter-node links; ValueError naming what is missing."""
+def files(settings: Any) -> tuple[tuple[str, str], tuple[str, str], tuple[str, str]]:
+    """(setting, path) of the certificate, key and CA for the inter-node links, each
+    named by the setting that gave it; ValueError naming what is missing."""
     cfg, tls = settings.cluster, settings.tls
-    cert = cfg.tls_cert_file or (tls.cert_file if tls is not None else None)
-    key = cfg.tls_key_file or (tls.key_file if tls is not None else None)
-    ca = cfg.tls_ca_file or (tls.client_ca_file if tls is not None else None)
-    if cert is None or key is None:
+    cert = chosen_file("tls_cert_file", cfg.tls_cert_file, tls, "cert_file")
+    key = chosen_file("tls_key_file", cfg.tls_key_file, tls, "key_file")
+    ca = chosen_file("tls_ca_file", cfg.tls_ca_file, tls, "client_ca_file")
+    if cert[1] is None or key[1] is None:
         raise ValueError("[cluster] tls needs a certificate: tls_cert_file and tls_key_file, or [tls] cert_file "
                          "and key_file")
-    if ca is None:
+    if ca[1] is None:
         raise ValueError("[cluster] tls needs the CA that signs the nodes' certificates: tls_ca_file, or [tls] "
                          "client_ca_file")
-    return Path(cert), Path(key), Path(ca)
+    return (cert[0], str(cert[1])), (key[0], str(key[1])), (ca[0], str(ca[1]))
 
 
 def node_tls(settings: Any) -> NodeTls | None:
     """The contexts of `[cluster] tls` (None: off).  Raises ValueError or OSError (a
-    file missing or unreadable, a key that does not match) before anything starts."""
+    file missing or unreadable, a key that does not match) before anything starts;
+    each file named by the setting that gave it (server/tls.py `load_files`)."""
     cfg = settings.cluster
     if cfg is None or not cfg.tls:
         return None
     cert, key, ca = files(settings)
-    # Each file named by the setting that gave it (server/tls.py `load_files`):
-    # OpenSSL's own errors name none.
-    pair = {("tls_cert_file" if cfg.tls_cert_file else "[tls] cert_file"): str(cert),
-            ("tls_key_file" if cfg.tls_key_file else "[tls] key_file"): str(key)}
-    authority = {("tls_ca_file" if cfg.tls_ca_file else "[tls] client_ca_file"): str(ca)}
     server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
     for ctx in (server, client):
-        load_files(SECTION, lambda path, ctx=ctx: ctx.load_verify_locations(cafile=path), **authority)
-        load_files(SECTION, ctx.load_cert_chain, **pair)
+        load_files(SECTION, lambda path, ctx=ctx: ctx.load_verify_locations(cafile=path), **dict([ca]))
+        load_files(SECTION, ctx.load_cert_chain, **dict([cert, key]))
     server.verify_mode = ssl.CERT_REQUIRED
     client.check_hostname = cfg.tls_verify_hostname
     return NodeTls(server, client, cfg.tls_verify_hostname)

@@ -16,7 +16,7 @@ Rules, each a refusal with its reason (RemapRefused):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 
 class RemapRefused(ValueError):
@@ -35,10 +35,20 @@ class Remap:
         return sum(self.moves.values())
 
     def as_map(self, pinned: Sequence[str]) -> dict:
-        """The map znode's JSON (cluster/membership.py); `gate`: the nodes serve no
-        client under it until every node has moved out what it no longer owns."""
-        return {"nodes": list(self.nodes), "weights": dict(self.weights), "slots": len(self.owners),
-                "owners": list(self.owners), "pinned": sorted(pinned), "gate": True}
+        """The map znode's JSON, with its gate: the nodes serve no client under it until
+        every node has moved out what it no longer owns (cluster/zkgate.py)."""
+        return map_record(self.nodes, self.weights, self.owners, pinned, gate=True)
+
+
+def map_record(nodes: Sequence[str], weights: Mapping[str, int], owners: Sequence[str], pinned: Iterable[str],
+               *, gate: bool = False) -> dict:
+    """The slot map znode's JSON (cluster/membership.py): as the first node makes it from
+    its configuration, and as a remap writes it (`gate`)."""
+    record = {"nodes": list(nodes), "weights": dict(weights), "slots": len(owners), "owners": list(owners),
+              "pinned": sorted(pinned)}
+    if gate:
+        record["gate"] = True
+    return record
 
 
 def targets(nodes: Sequence[str], weights: Mapping[str, int], slots: int) -> dict[str, int]:

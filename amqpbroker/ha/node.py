@@ -60,6 +60,7 @@ from ..core.ha import (
     contends,
     may_activate,
 )
+from ..server.tls import chosen_file
 from ..store.base import StoreError
 from ..store.lock import StoreLock
 from . import wire
@@ -87,18 +88,13 @@ def replication_tls(settings: Settings) -> tuple[Any, Any]:
     if not ha.replication_tls:
         return None, None
     tls = settings.tls
-    cert = ha.replication_cert_file or (tls.cert_file if tls else None)
-    key = ha.replication_key_file or (tls.key_file if tls else None)
+    cert_name, cert = chosen_file("replication_cert_file", ha.replication_cert_file, tls, "cert_file")
+    key_name, key = chosen_file("replication_key_file", ha.replication_key_file, tls, "key_file")
     if cert is None or key is None:
         raise ValueError("[ha] replication_tls needs replication_cert_file and replication_key_file "
                          "(or a [tls] section)")
-    ca = ha.replication_ca_file or cert
-    # A file that cannot be used is named by the setting that gave it (the [tls] one
-    # when [ha] has none of its own).
-    names = ("replication_cert_file" if ha.replication_cert_file else "[tls] cert_file",
-             "replication_key_file" if ha.replication_key_file else "[tls] key_file")
-    ca_name = "replication_ca_file" if ha.replication_ca_file else names[0]
-    return (wire.server_context(str(cert), str(key), names),
+    ca_name, ca = ("replication_ca_file", ha.replication_ca_file) if ha.replication_ca_file else (cert_name, cert)
+    return (wire.server_context(str(cert), str(key), (cert_name, key_name)),
             wire.client_context(str(ca), ca_name))
 
 

@@ -43,6 +43,15 @@ def server_context(cert_file: str, key_file: str, client_ca_file: str | None,
     return ctx
 
 
+def chosen_file(own_key: str, own: Any, tls: Any, tls_key: str) -> tuple[str, Any]:
+    """A TLS file that a section may set itself or take from `[tls]`: (the setting it
+    came from, its path; None when neither sets it), so that an error names the one
+    the user wrote (`load_files`)."""
+    if own is not None:
+        return own_key, own
+    return f"[tls] {tls_key}", getattr(tls, tls_key) if tls is not None else None
+
+
 def load_files(section: str, load: Callable[..., Any], **files: str) -> None:
     """`load(*files)`, with a failure said as the configuration names it: OpenSSL's
     own errors name no file (`[Errno 2] No such file or directory`, `PEM lib`)."""
