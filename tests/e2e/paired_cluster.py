@@ -35,11 +35,11 @@ def owned_by(node: str, prefix: str = "q") -> str:
 
 
 def cluster_section(zk: ZooKeeper, name: str, node: str,
-                    session_timeout: float = CLUSTER_SESSION_TIMEOUT) -> str:
-    nodes = ", ".join(f'"{n}"' for n in NODES)
+                    session_timeout: float = CLUSTER_SESSION_TIMEOUT, nodes: tuple[str, ...] = NODES) -> str:
+    listed = ", ".join(f'"{n}"' for n in nodes)
     return ("[cluster]\n"
             f'zookeeper = "{zk.hosts}"\nzookeeper_session_timeout = {session_timeout}\nname = "{name}"\n'
-            f'node_id = "{node}"\nnodes = [{nodes}]\nlisten_port = 0\nsecret = "{SECRET}"\n')
+            f'node_id = "{node}"\nnodes = [{listed}]\nlisten_port = 0\nsecret = "{SECRET}"\n')
 
 
 class PairedCluster:
@@ -52,6 +52,7 @@ class PairedCluster:
         self.zk: ZooKeeper | None = None
         self.pair: dict[str, HaBroker] = {}
         self.b: HaBroker | None = None
+        self.others: list[HaBroker] = []   # brokers a test adds (stopped with the rest)
 
     def start(self) -> "PairedCluster":
         try:
@@ -93,14 +94,15 @@ class PairedCluster:
             client.close()
 
     def brokers(self) -> list[HaBroker]:
-        return [*self.pair.values(), *([self.b] if self.b is not None else [])]
+        return [*self.pair.values(), *([self.b] if self.b is not None else []), *self.others]
 
     def stop(self) -> None:
         if self.zk is not None and self.zk.proc is not None:
             self.zk.resume()
         for broker in self.pair.values():
             broker.kill()
-        if self.b is not None:
-            self.b.stop()
+        for broker in [self.b, *self.others]:
+            if broker is not None:
+                broker.stop()
         if self.zk is not None:
             self.zk.stop()
