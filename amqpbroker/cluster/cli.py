@@ -5,7 +5,7 @@ ZooKeeper with every node stopped (cluster/remap.py).
 
     amqpbroker cluster status --url http://node-a:8161
     amqpbroker cluster status --json
-    amqpbroker cluster remap --config node.toml [--dry-run]
+    amqpbroker cluster remap --config node.toml [--dry-run] [--force]
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("--config", required=True, help="a node's configuration file: its [cluster] zookeeper, name, "
                                                     "nodes and weights")
     rp.add_argument("--dry-run", action="store_true", help="print what would change, write nothing")
+    rp.add_argument("--force", action="store_true", help="leave out nodes that have not reported being empty "
+                                                         "(their machine is gone for good: what they hold is lost)")
     return p
 
 
@@ -55,7 +57,7 @@ def remap_main(args: argparse.Namespace, out: Any) -> int:
               "map follows N and the weights at each start)", file=sys.stderr)
         return 2
     try:
-        done = remap(settings, write=not args.dry_run)
+        done = remap(settings, write=not args.dry_run, force=args.force)
     except RemapRefused as exc:
         print(f"amqpbroker cluster remap: refused: {exc}", file=sys.stderr)
         return 1

@@ -118,7 +118,12 @@ class MemberSide:
         membership.on_serving = serving
         main = self.server.listeners[0]
         amqp = cfg.advertised_amqp or f"{main.host}:{main.port}"   # what clients are told (redirects, Spark)
+        # What it held at its last stop is unknown from now on (cluster/remap.py): before
+        # it can serve, and again once live (a broker of its pair that stopped cleanly
+        # reports while it still holds the live znode this one waits for).
+        await membership.forget_holdings()
         await membership.go_live({"inter": cfg.advertised or self.where, "amqp": amqp})
+        await membership.forget_holdings()
         membership.watch()
         self.shovels = Shovels(self.server, router)
         self.shovels.start()
@@ -142,11 +147,31 @@ class MemberSide:
         self.gate = None
         log.info("cluster: node %s serves clients under slot map epoch %d", self.cfg.node_id, gate.epoch)
 
+    async def _report_holdings(self) -> None:
+        from ..core.remap import Holdings
+        queues = [q for q in self.server.broker.queues.values() if q.durable]
+        subs = {s.queue_name for s in self.server.subscriptions.subscriptions.values() if s.durable}
+        held = Holdings(self.slots.epoch, sum(q.depth for q in queues), len(subs),
+                        tuple(q.name for q in queues if q.depth and q.name not in subs)[:5])
+        try:
+            # Bounded: a stop does not wait on a ZooKeeper that is away or paused.
+            await asyncio.wait_for(self.membership.report_holdings(held.as_record()),
+                                   self.cfg.zookeeper_session_timeout)
+        except Exception as exc:   # the report is missing: a remap leaving this node out is refused
+            log.warning("cluster: node %s could not report what it holds: %s", self.cfg.node_id, exc)
+            return
+        log.info("cluster: node %s stops holding %d message(s) and %d durable subscription(s) (slot map epoch %d)",
+                 self.cfg.node_id, held.messages, held.subscriptions, held.epoch)
+
     async def close(self) -> None:
-        """Serve nothing more; closing the session deletes the live znode at once."""
+        """Serve nothing more, report what this node holds (while its live znode is
+        still its own: a broker of its pair that takes over deletes the report only
+        after); closing the session deletes the live znode at once."""
         if self.router is not None:
             self.router.serving = False
         if self.membership is not None:
+            if self.membership.holding and self.server is not None:
+                await self._report_holdings()
             await self.membership.stop()
         if self.inter is not None:
             self.inter.close()

@@ -53,6 +53,7 @@ class Membership:
         self.map_path = f"{self.root}/map"
         self.live_path = f"{self.root}/live"
         self.me = f"{self.live_path}/{cfg.node_id}"
+        self.holds = f"{self.root}/holds/{cfg.node_id}"   # its report at its last stop (report_holdings)
         self.client = KazooClient(hosts=cfg.zookeeper, timeout=cfg.zookeeper_session_timeout)
         self.session = "LOST"
         self.live: dict[str, dict] = {}          # node → its live znode's data
@@ -129,6 +130,33 @@ class Membership:
             await self._call(self.client.close)
         except Exception as exc:
             log.warning("cluster: closing the ZooKeeper session: %s", exc)
+
+    # ------------------------------------------------------------------ what it holds
+
+    async def forget_holdings(self) -> None:
+        """Serving: what this node held at its last stop is no longer known
+        (cluster/remap.py leaves out only a node that reported being empty).  A stale
+        report left behind could let a remap drop a node that holds messages: tried
+        until it is gone (session in doubt) or the node stops."""
+        from kazoo.exceptions import NoNodeError
+        while not self._stopping:
+            try:
+                await self._call(self.client.delete, self.holds)
+                return
+            except NoNodeError:
+                return
+            except Exception as exc:
+                log.warning("cluster: deleting node %s's report of what it held: %s", self.cfg.node_id, exc)
+                await asyncio.sleep(RETRY)
+
+    async def report_holdings(self, record: dict) -> None:
+        """At a clean stop, while the live znode is still ours: what this node holds."""
+        from kazoo.exceptions import NodeExistsError
+        data = json.dumps(record).encode()
+        try:
+            await self._call(lambda: self.client.create(self.holds, data, makepath=True))
+        except NodeExistsError:
+            await self._call(self.client.set, self.holds, data)
 
     # ------------------------------------------------------------------ the slot map
 

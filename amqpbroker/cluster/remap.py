@@ -2,7 +2,9 @@
 machines, from the configuration's `nodes` and `weights` (docs/cluster.md, "Adding a
 machine").  With every node stopped: the map is written once (compare-and-set on its
 znode's version, which becomes the new epoch), and the nodes started under it move what
-it took from each of them before any serves a client (cluster/zkgate.py).
+it took from each of them before any serves a client (cluster/zkgate.py).  A node left
+out must have reported, at its last stop under the current map, that it held nothing
+(`holds/<node>`, written by cluster/member.py; core/remap.py `check_leaving`).
 
 The decision is core/remap.py's; here only ZooKeeper is read and written.
 """
@@ -15,7 +17,7 @@ from typing import Any
 
 from ..config import Settings
 from ..core.placement import SlotMap
-from ..core.remap import Remap, RemapRefused, describe, plan_remap
+from ..core.remap import Holdings, Remap, RemapRefused, check_leaving, describe, plan_remap
 
 TIMEOUT = 15.0
 
@@ -27,10 +29,10 @@ class RemapDone:
     text: str
 
 
-def remap(settings: Settings, *, write: bool = True) -> RemapDone:
+def remap(settings: Settings, *, write: bool = True, force: bool = False) -> RemapDone:
     """Plan (and with `write`, write) the new map.  RemapRefused: what would strand or
-    lose something, a node still live, the map changed meanwhile; OSError: ZooKeeper
-    cannot be had."""
+    lose something (a node left out that has not reported being empty, unless `force`),
+    a node still live, the map changed meanwhile; OSError: ZooKeeper cannot be had."""
     from kazoo.client import KazooClient
     from kazoo.exceptions import BadVersionError, NoNodeError
 
@@ -54,7 +56,12 @@ def remap(settings: Settings, *, write: bool = True) -> RemapDone:
                                f"differently): live now: {', '.join(live)}")
         plan = plan_remap(current, cfg.nodes, cfg.weights)
         _check_partitioned(settings, plan)
+        leaving = [n for n in current["nodes"] if n not in plan.nodes]
+        if not force:
+            check_leaving(leaving, {n: _holdings(client, root, n) for n in leaving}, stat.version)
         text = describe(plan, stat.version)
+        if leaving:
+            text += f"\n  leaving: {', '.join(leaving)}" + (" (--force: not checked to be empty)" if force else "")
         if not write:
             return RemapDone(plan, stat.version, text)
         try:
@@ -78,6 +85,19 @@ def _live(client: Any, root: str) -> list[str]:
         return sorted(client.get_children(f"{root}/live"))
     except NoNodeError:
         return []
+
+
+def _holdings(client: Any, root: str, node: str) -> Holdings | None:
+    """A node's report of what it held at its last stop; None: none, or one that cannot
+    be read (as good as none: the node is not known to be empty)."""
+    from kazoo.exceptions import NoNodeError
+    try:
+        data, _ = client.get(f"{root}/holds/{node}")
+        return Holdings.from_record(json.loads(data))
+    except NoNodeError:
+        return None
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _check_partitioned(settings: Settings, plan: Remap) -> None:

@@ -8,7 +8,11 @@ Rules, each a refusal with its reason (RemapRefused):
   number, so another number would move nearly every address;
 * a node leaves the map only once it owns nothing (weight 0 in the current map, and
   emptied since: its queues go to their owners, its durable subscriptions moved when
-  that map's gate opened); a node that still owns slots may hold what nobody else has;
+  that map's gate opened); a node that still owns slots may hold what nobody else has.
+  That it is empty is what it reported when it last stopped serving (`Holdings`,
+  cluster/member.py): no report (killed, or never stopped since it served), one from
+  under an older map, or one with messages or durable subscriptions is a refusal
+  (`check_leaving`), unless the user says the machine is gone for good (`--force`);
 * at least one node owns slots; a map equal to the current one is not written again
   (that would make every node wait at a gate for nothing).
 """
@@ -106,6 +110,48 @@ def plan_remap(current: Mapping, nodes: Sequence[str], weights: Mapping[str, int
         if old != new:
             moves[(old, new)] = moves.get((old, new), 0) + 1
     return Remap(nodes, full, owners, moves)
+
+
+@dataclass(frozen=True)
+class Holdings:
+    """What a node held when it last stopped serving: its report in ZooKeeper
+    (cluster/member.py writes it at a clean stop, deletes it when it goes live)."""
+    epoch: int                  # the slot map it served under
+    messages: int               # in its durable queues and durable subscriptions
+    subscriptions: int          # durable subscriptions
+    queues: tuple[str, ...]     # the first few durable queues (not subscriptions') that were not empty
+
+    def as_record(self) -> dict:
+        return {"epoch": self.epoch, "messages": self.messages, "subscriptions": self.subscriptions,
+                "queues": list(self.queues)}
+
+    @classmethod
+    def from_record(cls, record: Mapping) -> "Holdings":
+        return cls(int(record["epoch"]), int(record["messages"]), int(record["subscriptions"]),
+                   tuple(str(q) for q in record.get("queues", ())))
+
+
+def check_leaving(leaving: Sequence[str], reports: Mapping[str, Holdings | None], epoch: int) -> None:
+    """RemapRefused unless every node that leaves the map reported, at its last stop
+    under the current map (`epoch`), that it held nothing: a node's queues go to their
+    owners only while it runs, so one left out before that would strand them."""
+    why = []
+    for node in leaving:
+        held = reports.get(node)
+        if held is None:
+            why.append(f"node {node} has not reported what it holds (it was killed, or has not stopped since "
+                       f"it last served)")
+        elif held.epoch != epoch:
+            why.append(f"node {node} last stopped under slot map epoch {held.epoch}, not the current {epoch} "
+                       f"(it moves out what it holds only under the map that took its slots)")
+        elif held.messages or held.subscriptions:
+            queues = f" (queues not empty: {', '.join(held.queues)})" if held.queues else ""
+            why.append(f"node {node} held {held.messages} message(s) and {held.subscriptions} durable "
+                       f"subscription(s) when it stopped{queues}")
+    if why:
+        raise RemapRefused("; ".join(why) + ": start it under the current map until its queues have gone to "
+                           "their owners, stop it, and remap again (or --force if its machine is gone for good: "
+                           "what it holds is lost)")
 
 
 def describe(remap: Remap, epoch: int) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from amqpbroker.core.placement import spread
-from amqpbroker.core.remap import RemapRefused, describe, plan_remap, rebalance, targets
+from amqpbroker.core.remap import Holdings, RemapRefused, check_leaving, describe, plan_remap, rebalance, targets
 
 
 def current(nodes, weights=None, slots=256):
@@ -72,3 +72,35 @@ def test_the_written_map_is_gated_and_the_plan_is_told():
     text = describe(plan, 0)
     assert text.splitlines()[0] == "slot map epoch 0 -> 1: 85 of 256 slots change owner"
     assert "  a -> c: 42 slots" in text and "owned: a 86, b 85, c 85" in text
+
+
+EMPTY = Holdings(epoch=3, messages=0, subscriptions=0, queues=())
+
+
+@pytest.mark.parametrize("reports, refusal", [
+    ({"b": EMPTY}, None),                                              # stopped empty under this map
+    ({}, "node b has not reported what it holds"),                     # killed, or never stopped
+    ({"b": None}, "node b has not reported what it holds"),            # a report that cannot be read
+    ({"b": Holdings(2, 0, 0, ())}, "node b last stopped under slot map epoch 2, not the current 3"),
+    ({"b": Holdings(3, 7, 0, ("q1",))}, "node b held 7 message(s) and 0 durable subscription(s) when it "
+                                        "stopped (queues not empty: q1)"),
+    ({"b": Holdings(3, 0, 1, ())}, "node b held 0 message(s) and 1 durable subscription(s) when it stopped:"),
+])
+def test_a_node_leaves_only_once_it_reported_being_empty_under_this_map(reports, refusal):
+    if refusal is None:
+        check_leaving(["b"], reports, 3)
+        return
+    with pytest.raises(RemapRefused) as refused:
+        check_leaving(["b"], reports, 3)
+    assert refusal in str(refused.value)
+    assert "--force if its machine is gone for good" in str(refused.value)
+
+
+def test_every_leaving_node_is_named_and_a_report_reads_back_as_written():
+    with pytest.raises(RemapRefused) as refused:
+        check_leaving(["b", "c", "d"], {"b": EMPTY, "d": Holdings(3, 1, 0, ())}, 3)
+    assert "node b" not in str(refused.value)
+    assert "node c has not reported" in str(refused.value) and "node d held 1 message(s)" in str(refused.value)
+    check_leaving([], {}, 3)
+    held = Holdings(5, 10, 2, ("q1", "q2"))
+    assert Holdings.from_record(held.as_record()) == held

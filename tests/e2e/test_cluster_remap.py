@@ -296,3 +296,72 @@ def test_partitioned_destinations_keep_every_message_when_their_members_move(nod
     assert sorted(got) == list(range(40))
     for proc in procs:
         assert "Traceback" not in proc.log_text()
+
+
+def queue_depth(proc: BrokerProcess, name: str) -> int:
+    return sum(q["depth"] for q in api(proc, f"/api/queues?name={name}&limit=10") if q["name"] == name)
+
+
+def test_a_machine_leaves_the_map_only_once_it_reported_being_empty(nodes):
+    """Removing b: weight 0 (a remap), b run until its queues and subscriptions have
+    gone to a, then a remap without it.  Leaving it out earlier is refused with the
+    reason: its report is from the map before (it never moved anything out), it was
+    killed (no report), or it stopped holding messages."""
+    queue, topic = moving("qr", same, "b", "b"), moving("tr", topic_key, "b", "b")
+    a, b = nodes.start("a", ["a", "b"]), nodes.start("b", ["a", "b"])
+    subscribe(a.url, topic, "sub-leaving")
+    publish(a.url, f"amq.topic/{topic}", range(20))
+    publish(a.url, queue, range(30))
+    a.stop()
+    b.stop()
+    nodes.extra = "weights = { b = 0 }\n"
+    emptied = nodes.remap(["a", "b"])
+    assert emptied.returncode == 0, emptied.stderr
+    assert "b -> a: 128 slots" in emptied.stdout and "owned: a 256, b 0" in emptied.stdout
+    nodes.extra = ""
+
+    early = nodes.remap(["a"])
+    assert early.returncode == 1
+    assert "node b last stopped under slot map epoch 0, not the current 1" in early.stderr, early.stderr
+    nodes.extra = "weights = { b = 0 }\n"
+    b = nodes.start("b", ["a", "b"])
+    b.kill()
+    nodes.extra = ""
+    deadline = time.monotonic() + 60
+    killed = nodes.remap(["a"])
+    while "live now: b" in killed.stderr and time.monotonic() < deadline:   # until its session expires
+        time.sleep(0.5)
+        killed = nodes.remap(["a"])
+    assert killed.returncode == 1 and "node b has not reported what it holds" in killed.stderr, killed.stderr
+    nodes.extra = "weights = { b = 0 }\n"
+    b = nodes.start("b", ["a", "b"])
+    b.wait_for_log(r"durable subscription 'sub-leaving' .* waits for node a to be live", timeout=60)
+    b.stop()
+    nodes.extra = ""
+    holding = nodes.remap(["a"])
+    assert holding.returncode == 1, holding.stderr
+    assert (f"node b held 50 message(s) and 1 durable subscription(s) when it stopped (queues not empty: "
+            f"{queue})") in holding.stderr, holding.stderr
+    forced = nodes.remap(["a"], "--dry-run", "--force")
+    assert forced.returncode == 0 and "leaving: b (--force: not checked to be empty)" in forced.stdout
+
+    nodes.extra = "weights = { b = 0 }\n"
+    a, b = nodes.start("a", ["a", "b"]), nodes.start("b", ["a", "b"])
+    wait_serving((a, b), 1)
+    deadline = time.monotonic() + 60
+    while queue_depth(b, queue) and time.monotonic() < deadline:   # b shovels its queue to a
+        time.sleep(0.1)
+    assert queue_depth(b, queue) == 0
+    a.stop()
+    b.stop()
+    assert "node b stops holding 0 message(s) and 0 durable subscription(s) (slot map epoch 1)" in b.log_text()
+    nodes.extra = ""
+    left = nodes.remap(["a"])
+    assert left.returncode == 0, left.stderr
+    assert "leaving: b" in left.stdout and "--force" not in left.stdout
+    a = nodes.start("a", ["a"])
+    wait_serving((a,), 2)
+    assert drain_subscription(a.url, topic, "sub-leaving") == list(range(20))
+    assert drain_queue(a.url, queue) == list(range(30))
+    for proc in (a, b):
+        assert "Traceback" not in proc.log_text()

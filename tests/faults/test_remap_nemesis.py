@@ -11,7 +11,8 @@ first move under way), the nemesis does one thing drawn from the seed: nothing, 
 of one node (started again), SIGSTOP of one node for a time on either side of its
 ZooKeeper session timeout, or kill -9 of every node (started again).  Before a node is
 left out, its queues are let empty into their owners (what docs/cluster.md asks of an
-operator).
+operator); when the nodes were then killed, the remap leaving it out is refused (it has
+not reported being empty) until it is started again and stopped cleanly.
 
 At the end every destination is read to the bottom through a node drawn from the seed,
 and the checker holds: every message a producer was told Accepted is there (copies
@@ -116,18 +117,41 @@ class Walk:
 
     # --- a remap, and the nemesis while the gate is shut
 
-    def remap(self, names: list[str], weights: dict, step: int) -> None:
-        self.weights = weights
+    def _run_remap(self, names: list[str], weights: dict) -> subprocess.CompletedProcess:
         path = self.nodes.base / "remap.toml"
-        path.write_text(self.config(names[0], names))
+        path.write_text(self.nodes.config(names[0], names) + weights_line(weights))
         deadline = time.monotonic() + 60
         while True:   # nodes killed -9 are live until their sessions expire: the remap waits
             done = subprocess.run([sys.executable, "-m", "amqpbroker.cli", "cluster", "remap", "--config",
                                    str(path)], capture_output=True, text=True, timeout=120)
             if done.returncode == 0 or "live now" not in done.stderr or time.monotonic() > deadline:
-                break
+                return done
             time.sleep(0.5)
+
+    def report_leaving(self, names: list[str], weights: dict, leaving: list[str]) -> None:
+        """The nodes were killed: those about to leave have not reported being empty, so
+        the remap is refused; every node is started again, the leaving ones let empty
+        (a removal a kill took back is shovelled again) and all stopped cleanly (what an
+        operator does); then they have reported."""
+        refused = self._run_remap(names, weights)
+        assert refused.returncode == 1 and "has not reported what it holds" in refused.stderr, refused.stderr
+        print(f"killed before {', '.join(leaving)} left: remap refused (no report); started and stopped again")
+        for node in self.running:
+            self.start(node, self.running)
+        for node in self.running:
+            self.nodes.procs[node].wait_for_log(rf"cluster: node {node} of .* \(slot map epoch {self.epoch}\)",
+                                                timeout=240)
+        for node in leaving:
+            self.let_empty(node)
+        self.stop_all(kill=False)
+        for node in leaving:
+            assert f"node {node} stops holding 0 message(s) and 0 durable subscription(s)" in \
+                self.nodes.procs[node].log_text()
+
+    def remap(self, names: list[str], weights: dict, step: int) -> None:
+        done = self._run_remap(names, weights)
         assert done.returncode == 0, done.stderr
+        self.weights = weights
         self.epoch += 1
         order = names[:]
         self.rng.shuffle(order)
@@ -237,7 +261,10 @@ def test_remaps_under_a_nemesis_lose_no_accepted_message(seed, tmp_path, zookeep
             leaving = [n for n in walk.running if n not in names]
             for node in leaving:
                 walk.let_empty(node)
-            walk.stop_all(kill=walk.rng.random() < 0.3)
+            killed = walk.rng.random() < 0.3
+            walk.stop_all(kill=killed)
+            if killed and leaving:
+                walk.report_leaving(names, weights, leaving)
             walk.remap(names, weights, step)
         walk.publish(len(WALK))
         got = walk.read_all()
