@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from amqpbroker.core.placement import slot_of, static_map
-from tests.e2e.ha_harness import HaBroker, ZooKeeper, free_port, pair_config
+from tests.e2e.ha_harness import HaBroker, ZooKeeper, free_port, pair_config, zookeeper_jar
 
 SECRET = "cluster-test-secret-0123456789"
 NODES = ("a", "b")
@@ -106,3 +107,14 @@ class PairedCluster:
                 broker.stop()
         if self.zk is not None:
             self.zk.stop()
+
+
+@contextmanager
+def running(tmp_path: Path) -> Iterator[PairedCluster]:
+    """A started PairedCluster, stopped at the end (the tests' fixture)."""
+    zookeeper_jar()   # skips (or fails under CI) when ZooKeeper cannot be had
+    cl = PairedCluster(tmp_path).start()
+    try:
+        yield cl
+    finally:
+        cl.stop()

@@ -18,7 +18,7 @@ from proton import Message
 
 from tests.client import connect
 from tests.cluster_process import ClusterProcess
-from tests.e2e.helpers_delivery import receiver, sender, uid
+from tests.e2e.helpers_delivery import receiver, sender
 from tests.e2e.test_cluster import NO_HANDOFF, owned_by
 
 pytestmark = pytest.mark.e2e

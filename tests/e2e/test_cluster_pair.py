@@ -23,7 +23,7 @@ from proton import Message, Timeout
 from proton.utils import LinkDetached
 
 from tests.client import connect
-from tests.e2e.paired_cluster import PairedCluster, owned_by
+from tests.e2e.paired_cluster import owned_by, running
 from tests.e2e.test_cluster_zk import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
@@ -31,11 +31,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
 @pytest.fixture
 def paired(tmp_path):
-    from tests.e2e.ha_harness import zookeeper_jar
-    zookeeper_jar()   # skips (or fails under CI) when ZooKeeper cannot be had
-    cl = PairedCluster(tmp_path).start()
-    yield cl
-    cl.stop()
+    with running(tmp_path) as cl:
+        yield cl
 
 
 def test_only_the_live_broker_of_a_pair_serves_the_node(paired):

@@ -10,7 +10,7 @@ import time
 
 import httpx
 import pytest
-from proton import Delivery, Message, Timeout, symbol
+from proton import Delivery, Message, symbol
 
 from tests.client import SourceOptions, connect, receive_all
 from tests.e2e.canary import Canary

@@ -19,7 +19,7 @@ import pytest
 from proton import Delivery, Message
 
 from tests.client import connect, receive_all
-from tests.e2e.flow_support import api, broker_without_errors, depth, held
+from tests.e2e.flow_support import broker_without_errors, depth, held
 from tests.e2e.helpers_conn import REMOTE_CLOSED, RawClient
 from tests.e2e.helpers_delivery import uid
 from tests.e2e.jms_producers import JmsProducer

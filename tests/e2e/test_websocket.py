@@ -26,7 +26,7 @@ def uniq(prefix: str) -> str:
 def upgrade_request(port: int, subprotocol: str | None, origin: str | None = None,
                     host: str | None = None) -> bytes:
     key = base64.b64encode(os.urandom(16)).decode()
-    lines = [f"GET / HTTP/1.1", f"Host: {host or f'127.0.0.1:{port}'}", "Upgrade: websocket",
+    lines = ["GET / HTTP/1.1", f"Host: {host or f'127.0.0.1:{port}'}", "Upgrade: websocket",
              "Connection: Upgrade", f"Sec-WebSocket-Key: {key}", "Sec-WebSocket-Version: 13"]
     if subprotocol:
         lines.append(f"Sec-WebSocket-Protocol: {subprotocol}")
