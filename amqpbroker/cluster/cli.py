@@ -86,13 +86,25 @@ def render(view: dict) -> str:
     for n in view["nodes"]:
         mark = " (this node)" if n["here"] else ""
         lines.append(f"{n['node']:<12} {'yes' if n['live'] else 'NO':<5} {n['slots']:>5} "
-                     f"{n['connections']:>22}{mark}")
+                     f"{n['connections']:>22}{mark}{_last_stop(n)}")
     f = view["forwarded"]
     lines.append(f"forwarded: {f['links']} links of {f['clients']} clients over {f['connections']} connections; "
                  f"{f['waiting_on_owners']} deliveries waiting on other nodes; {f['links_total']} links since start")
     if view.get("pinned_exchanges"):
         lines.append(f"pinned exchanges: {', '.join(view['pinned_exchanges'])}")
     return "\n".join(lines)
+
+
+def _last_stop(node: dict) -> str:
+    """A node that is not live: what it held at its last clean stop (a node leaves the
+    map only once that says nothing under the current map: cluster remap)."""
+    report = node.get("last_stop")
+    if node["live"] or "last_stop" not in node:
+        return ""
+    if report is None:
+        return "  (no report of a clean stop: killed, or never run)"
+    return (f"  (stopped under epoch {report['epoch']} holding {report['messages']} message(s), "
+            f"{report['subscriptions']} durable subscription(s))")
 
 
 def main(argv: list[str] | None = None, out: Any = None) -> int:

@@ -69,6 +69,7 @@ class Membership:
         self._refreshing: asyncio.Task | None = None
         self.watching = False
         self.map_nodes: list[str] = []           # the slot map's nodes (slot_map)
+        self.reports: dict[str, dict | None] = {}   # node not live → its report at its last stop (None: none)
         self.gated = False
 
     async def _call(self, fn: Callable, *args: Any) -> Any:
@@ -278,6 +279,24 @@ class Membership:
         for node in sorted(gone):
             log.warning("cluster: node %s is gone: its slots are unavailable until it is back", node)
         self.on_change()
+        await self._read_reports([n for n in self.map_nodes if n not in live])
+
+    async def _read_reports(self, stopped: list[str]) -> None:
+        """What each node that is not live reported at its last stop (GET /api/cluster
+        shows it: whether a node about to leave the map is empty).  Written before its
+        live znode goes, so it is there when the node is seen gone."""
+        from kazoo.exceptions import NoNodeError
+        reports: dict[str, dict | None] = {}
+        for node in stopped:
+            try:
+                data, _ = await self._call(self.client.get, f"{self.root}/holds/{node}")
+                reports[node] = json.loads(data)
+            except (NoNodeError, ValueError):
+                reports[node] = None
+            except Exception as exc:   # session in doubt: the next change reads again
+                log.debug("cluster: reading node %s's report: %s", node, exc)
+                return
+        self.reports = reports
 
     def describe(self) -> dict:
         return {"zookeeper": self.cfg.zookeeper, "session": self.session, "path": self.root,

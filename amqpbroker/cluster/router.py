@@ -234,9 +234,12 @@ class Router:
                        if self.from_node(h))
         nodes = []
         for node in slots.nodes:
-            nodes.append({"node": node, "live": slots.available(node), "slots": len(slots.slots_of(node)),
+            live = slots.available(node)
+            nodes.append({"node": node, "live": live, "slots": len(slots.slots_of(node)),
                           "here": node == self.node,
                           "connections": sum(1 for p in peers if p.node == node)})
+            if self.membership is not None:   # [cluster]: a node not live reported its last stop
+                nodes[-1]["last_stop"] = None if live else self.membership.reports.get(node)
         view = {"node": self.node, "serving": self.serving, "gate": self.gate, "epoch": slots.epoch,
                 "slots": slots.slots,
                 "slots_owned": len(slots.slots_of(self.node)), "tls": self.tls is not None,

@@ -357,9 +357,19 @@ def test_a_machine_leaves_the_map_only_once_it_reported_being_empty(nodes):
     while queue_depth(b, queue) and time.monotonic() < deadline:   # b shovels its queue to a
         time.sleep(0.1)
     assert queue_depth(b, queue) == 0
-    a.stop()
     b.stop()
     assert "node b stops holding 0 message(s) and 0 durable subscription(s) (slot map epoch 1)" in b.log_text()
+    deadline = time.monotonic() + 60   # a sees b gone, and reads its report
+    while time.monotonic() < deadline:
+        seen = {n["node"]: n for n in api(a, "/api/cluster")["nodes"]}["b"]
+        if seen["last_stop"] is not None:
+            break
+        time.sleep(0.1)
+    assert not seen["live"] and seen["last_stop"] == {"epoch": 1, "messages": 0, "subscriptions": 0, "queues": []}
+    status = subprocess.run([sys.executable, "-m", "amqpbroker.cli", "cluster", "status", "--url",
+                             f"http://127.0.0.1:{a.ports['management']}"], capture_output=True, text=True, timeout=60)
+    assert "(stopped under epoch 1 holding 0 message(s), 0 durable subscription(s))" in status.stdout, status.stdout
+    a.stop()
     nodes.extra = ""
     left = nodes.remap(["a"])
     assert left.returncode == 0, left.stderr
