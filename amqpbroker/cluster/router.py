@@ -233,7 +233,10 @@ class Router:
         incoming = sum(1 for hs in list(self.server.handlers_by_container.values()) for h in hs
                        if self.from_node(h))
         nodes = []
-        for node in slots.nodes:
+        # The map's nodes (a node of weight 0 owns no slot, and is one until a remap
+        # leaves it out), and any other live one.
+        names = sorted(set(slots.nodes) | set(self.membership.map_nodes if self.membership is not None else ()))
+        for node in names:
             live = slots.available(node)
             nodes.append({"node": node, "live": live, "slots": len(slots.slots_of(node)),
                           "here": node == self.node,
