@@ -5,7 +5,8 @@ Nothing here is timed or compared: figures come from the benches themselves
 project's bench (bench/run.py's latency scenario, with loadgen's opening burst) and
 the independent tool (bench/amqp-bench, run by bench/rates.py beside loadgen) both
 run against this broker and the Proton C example broker, and print a figure for
-each."""
+each; and that bench/sync_floor.py prints a sync-send figure for each of its
+subjects and the bound it derives."""
 
 from __future__ import annotations
 
@@ -59,3 +60,13 @@ def test_rates_py_runs_amqp_bench_and_loadgen_against_both_brokers(tools):
             assert line, f"no {tool} figures for {broker}:\n{out}"
             assert "failed" not in line.group(0), line.group(0)
     assert re.search(rf"broker CPU per message at 1,000 msgs/s \(amqp-bench runs\): {NUMBER} µs", out), out
+
+
+def test_sync_floor_py_measures_every_subject_against_fsync(tools):
+    out = bench("bench/sync_floor.py", "--messages", "300", "--reps", "1", "--fsyncs", "50", "--timeout", "60")
+    for subject in ("amqpbroker, not durable", "amqpbroker", "sink", "sink + fdatasync", "C example broker"):
+        row = re.search(rf"^  {re.escape(subject)}\s+({NUMBER})\s+({NUMBER}) us\s+({NUMBER})$", out, re.M)
+        assert row, f"no figures for {subject}:\n{out}"
+        assert float(row.group(1).replace(",", "")) > 0
+    assert re.search(rf"best a commit in the broker's own process could do .*: {NUMBER} msgs/s = {NUMBER} x 1/fsync",
+                     out), out
