@@ -32,7 +32,6 @@ A benchmark: it prints figures and asserts nothing.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import socket
@@ -47,7 +46,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from backlog import Broker, loadgen, log  # noqa: E402  bench/backlog.py: one broker, loadgen runs
-from sync_send import GOAL, sync_time  # noqa: E402
+from sync_send import GOAL, run_options, sync_time  # noqa: E402
 
 
 class CBroker:
@@ -91,12 +90,7 @@ class Sink:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--messages", type=int, default=3000, help="per run")
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--fsyncs", type=int, default=500)
-    ap.add_argument("--timeout", type=float, default=300)
-    a = ap.parse_args(argv)
+    a = run_options(__doc__).parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="sync-floor-"))
     (tmp / "data").mkdir()
     broker = Broker(tmp / "data", tmp / "broker.log", None)

@@ -250,12 +250,18 @@ def print_breakdown(label: str, stages: dict[str, list[float]] | None) -> None:
           f"   round trip (send to next send) {total:,.0f} us")
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def run_options(doc: str) -> argparse.ArgumentParser:
+    """The options of a run of one-producer window-1 sends (this bench and sync_floor.py)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=3000, help="per run")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--fsyncs", type=int, default=500)
     ap.add_argument("--timeout", type=float, default=300)
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = run_options(__doc__)
     ap.add_argument("--baseline-src", help="a source tree holding amqpbroker/ (the code before a change)")
     ap.add_argument("--trace", action="store_true", help="one more run, traced: where a send's time goes")
     a = ap.parse_args(argv)
