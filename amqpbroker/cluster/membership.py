@@ -15,6 +15,10 @@ Layout under /amqpbroker-cluster/<name>:
                are unavailable (`amqpbroker:resource-unavailable`) until it is back.  A
                second process with the same node name waits until the first is gone:
                no slot is ever served by two processes.
+  holds/<node> persistent JSON {"epoch", "messages", "subscriptions", "queues"}: what
+               the node held at its last clean stop (core/remap.py Holdings), deleted
+               as it goes live again; `cluster remap` leaves out only a node whose
+               report says it held nothing under the current map.
 
 While its session is in doubt (SUSPENDED) a node goes on for one session timeout (no
 other process can take its live znode before the session expires), then, and as soon
@@ -36,11 +40,30 @@ from typing import Any, Callable
 
 from ..config import ClusterConfig
 from ..core.placement import SlotMap, spread
-from ..core.remap import map_record
+from ..core.remap import Holdings, map_record
 
 log = logging.getLogger("amqpbroker.cluster")
 
 RETRY = 0.5   # seconds between attempts to take the live znode
+
+
+def holds_path(root: str, node: str) -> str:
+    """The znode of what `node` reported holding at its last clean stop."""
+    return f"{root}/holds/{node}"
+
+
+def read_holdings(client: Any, root: str, node: str) -> Holdings | None:
+    """`node`'s report (a blocking kazoo read); None when it has none or one that cannot
+    be read (as good as none: the node is not known to be empty).  Other errors (the
+    session in doubt) are raised."""
+    from kazoo.exceptions import NoNodeError
+    try:
+        data, _ = client.get(holds_path(root, node))
+        return Holdings.from_record(json.loads(data))
+    except NoNodeError:
+        return None
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 class Membership:
@@ -53,7 +76,7 @@ class Membership:
         self.map_path = f"{self.root}/map"
         self.live_path = f"{self.root}/live"
         self.me = f"{self.live_path}/{cfg.node_id}"
-        self.holds = f"{self.root}/holds/{cfg.node_id}"   # its report at its last stop (report_holdings)
+        self.holds = holds_path(self.root, cfg.node_id)   # its report at its last stop (report_holdings)
         self.client = KazooClient(hosts=cfg.zookeeper, timeout=cfg.zookeeper_session_timeout)
         self.session = "LOST"
         self.live: dict[str, dict] = {}          # node → its live znode's data
@@ -69,7 +92,7 @@ class Membership:
         self._refreshing: asyncio.Task | None = None
         self.watching = False
         self.map_nodes: list[str] = []           # the slot map's nodes (slot_map)
-        self.reports: dict[str, dict | None] = {}   # node not live → its report at its last stop (None: none)
+        self.reports: dict[str, Holdings | None] = {}   # node not live → its report at its last stop
         self.gated = False
 
     async def _call(self, fn: Callable, *args: Any) -> Any:
@@ -285,14 +308,10 @@ class Membership:
         """What each node that is not live reported at its last stop (GET /api/cluster
         shows it: whether a node about to leave the map is empty).  Written before its
         live znode goes, so it is there when the node is seen gone."""
-        from kazoo.exceptions import NoNodeError
-        reports: dict[str, dict | None] = {}
+        reports: dict[str, Holdings | None] = {}
         for node in stopped:
             try:
-                data, _ = await self._call(self.client.get, f"{self.root}/holds/{node}")
-                reports[node] = json.loads(data)
-            except (NoNodeError, ValueError):
-                reports[node] = None
+                reports[node] = await self._call(read_holdings, self.client, self.root, node)
             except Exception as exc:   # session in doubt: the next change reads again
                 log.debug("cluster: reading node %s's report: %s", node, exc)
                 return

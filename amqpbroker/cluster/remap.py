@@ -17,7 +17,8 @@ from typing import Any
 
 from ..config import Settings
 from ..core.placement import SlotMap
-from ..core.remap import Holdings, Remap, RemapRefused, check_leaving, describe, plan_remap
+from ..core.remap import Remap, RemapRefused, check_leaving, describe, plan_remap
+from .membership import read_holdings
 
 TIMEOUT = 15.0
 
@@ -58,7 +59,7 @@ def remap(settings: Settings, *, write: bool = True, force: bool = False) -> Rem
         _check_partitioned(settings, plan)
         leaving = [n for n in current["nodes"] if n not in plan.nodes]
         if not force:
-            check_leaving(leaving, {n: _holdings(client, root, n) for n in leaving}, stat.version)
+            check_leaving(leaving, {n: read_holdings(client, root, n) for n in leaving}, stat.version)
         text = describe(plan, stat.version)
         if leaving:
             text += f"\n  leaving: {', '.join(leaving)}" + (" (--force: not checked to be empty)" if force else "")
@@ -85,19 +86,6 @@ def _live(client: Any, root: str) -> list[str]:
         return sorted(client.get_children(f"{root}/live"))
     except NoNodeError:
         return []
-
-
-def _holdings(client: Any, root: str, node: str) -> Holdings | None:
-    """A node's report of what it held at its last stop; None: none, or one that cannot
-    be read (as good as none: the node is not known to be empty)."""
-    from kazoo.exceptions import NoNodeError
-    try:
-        data, _ = client.get(f"{root}/holds/{node}")
-        return Holdings.from_record(json.loads(data))
-    except NoNodeError:
-        return None
-    except (ValueError, KeyError, TypeError):
-        return None
 
 
 def _check_partitioned(settings: Settings, plan: Remap) -> None:

@@ -242,7 +242,8 @@ class Router:
                           "here": node == self.node,
                           "connections": sum(1 for p in peers if p.node == node)})
             if self.membership is not None:   # [cluster]: a node not live reported its last stop
-                nodes[-1]["last_stop"] = None if live else self.membership.reports.get(node)
+                report = None if live else self.membership.reports.get(node)
+                nodes[-1]["last_stop"] = report.as_record() if report is not None else None
         view = {"node": self.node, "serving": self.serving, "gate": self.gate, "epoch": slots.epoch,
                 "slots": slots.slots,
                 "slots_owned": len(slots.slots_of(self.node)), "tls": self.tls is not None,
