@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 set +e
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+# --durations: the 25 slowest tests, so a run that nears CI's time limit shows where it went.
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 "$@"
 status=$?
 set -e
 exit $status

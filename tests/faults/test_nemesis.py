@@ -10,8 +10,8 @@ nothing more comes, and the checker (tests/faults/checker.py) holds: no durable
 message told Accepted is lost, no two brokers accepted at the same time, no
 broker process ended on its own.  Duplicates are counted and printed.
 
-FAULT_SCHEDULES seeds of FAULT_SECONDS (60) each: 20 in CI (.ci/run sets it; about
-65 s a seed on a busy 2-core machine, ~22 minutes), 8 by default in a local run of
+FAULT_SCHEDULES seeds of FAULT_SECONDS (60) each: 14 in CI (.ci/run sets it; about
+65 s a seed on a busy 2-core machine, ~15 minutes), 8 by default in a local run of
 the suite; bench/ha_soak.py runs more and longer ones.
 """
 
