@@ -44,11 +44,15 @@ def _parser() -> argparse.ArgumentParser:
 def remap_main(args: argparse.Namespace, out: Any) -> int:
     from pathlib import Path
 
-    from ..config import load_settings
+    from ..config import ConfigError, load_settings
     from ..core.remap import RemapRefused
     from .remap import remap
     try:
         settings = load_settings(Path(args.config))
+    except ConfigError as exc:   # one line each, naming the key (as `amqpbroker serve` says them)
+        for line in exc.problems:
+            print(f"amqpbroker cluster remap: {args.config}: {line}", file=sys.stderr)
+        return 2
     except (OSError, ValueError) as exc:
         print(f"amqpbroker cluster remap: {args.config}: {exc}", file=sys.stderr)
         return 2

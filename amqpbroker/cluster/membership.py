@@ -1,7 +1,7 @@
 """The ZooKeeper side of a `[cluster]` node (kazoo): the slot map, who is live, fencing.
 
 Layout under /amqpbroker-cluster/<name>:
-  map          persistent JSON {"nodes", "weights", "slots", "owners", "pinned"}: the slot
+  map          persistent JSON {"nodes", "weights", "slots", "owners", "pinned", "unstarted"}: the slot
                map, made from the configuration by the first node that finds none
                (create-if-absent: one of them wins, the others read it).  Its znode
                version is the map's epoch (core/placement.SlotMap.epoch): nodes speak to
@@ -19,6 +19,10 @@ Layout under /amqpbroker-cluster/<name>:
                the node held at its last clean stop (core/remap.py Holdings), deleted
                as it goes live again; `cluster remap` leaves out only a node whose
                report says it held nothing under the current map.
+  served/<node> persistent, written before the node first takes its live znode and
+               never deleted: a node of the map's "unstarted" list without it has never
+               served, so holds nothing, and a remap may leave it out at once
+               (core/remap.py never_served).
 
 While its session is in doubt (SUSPENDED) a node goes on for one session timeout (no
 other process can take its live znode before the session expires), then, and as soon
@@ -52,6 +56,11 @@ def holds_path(root: str, node: str) -> str:
     return f"{root}/holds/{node}"
 
 
+def served_path(root: str, node: str) -> str:
+    """The znode that says `node` has gone live at least once."""
+    return f"{root}/served/{node}"
+
+
 def read_holdings(client: Any, root: str, node: str) -> Holdings | None:
     """`node`'s report (a blocking kazoo read); None when it has none or one that cannot
     be read (as good as none: the node is not known to be empty).  Other errors (the
@@ -77,6 +86,7 @@ class Membership:
         self.live_path = f"{self.root}/live"
         self.me = f"{self.live_path}/{cfg.node_id}"
         self.holds = holds_path(self.root, cfg.node_id)   # its report at its last stop (report_holdings)
+        self.served = served_path(self.root, cfg.node_id)  # it has gone live once (_mark_served)
         self.client = KazooClient(hosts=cfg.zookeeper, timeout=cfg.zookeeper_session_timeout)
         self.session = "LOST"
         self.live: dict[str, dict] = {}          # node → its live znode's data
@@ -188,7 +198,8 @@ class Membership:
         from kazoo.exceptions import NodeExistsError
         cfg = self.cfg
         weights = {n: cfg.weights.get(n, 1) for n in cfg.nodes}
-        wanted = map_record(cfg.nodes, weights, spread(cfg.nodes, weights, cfg.slots), cfg.pinned_exchanges)
+        wanted = map_record(cfg.nodes, weights, spread(cfg.nodes, weights, cfg.slots), cfg.pinned_exchanges,
+                            unstarted=cfg.nodes)
         try:
             await self._call(self.client.create, self.map_path, json.dumps(wanted).encode())
             log.info("cluster: slot map made (%d slots over %s)", cfg.slots, ", ".join(cfg.nodes))
@@ -228,6 +239,7 @@ class Membership:
         waited = False
         while not self._stopping:
             try:
+                await self._call(self._mark_served)
                 await self._call(lambda: self.client.create(self.me, json.dumps(self.info).encode(),
                                                             ephemeral=True))
                 return self._live_now()
@@ -245,6 +257,15 @@ class Membership:
             except Exception as exc:   # session in doubt: try again
                 log.warning("cluster: taking the live node: %s", exc)
             await asyncio.sleep(RETRY)
+
+    def _mark_served(self) -> None:
+        """Before the node first goes live (kazoo, blocking): from then on it may hold
+        something, and a remap leaves it out only once it reported being empty."""
+        from kazoo.exceptions import NodeExistsError
+        try:
+            self.client.create(self.served, b"", makepath=True)
+        except NodeExistsError:
+            pass
 
     def _live_now(self) -> None:
         self.holding = True

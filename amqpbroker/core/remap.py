@@ -12,7 +12,10 @@ Rules, each a refusal with its reason (RemapRefused):
   That it is empty is what it reported when it last stopped serving (`Holdings`,
   cluster/member.py): no report (killed, or never stopped since it served), one from
   under an older map, or one with messages or durable subscriptions is a refusal
-  (`check_leaving`), unless the user says the machine is gone for good (`--force`);
+  (`check_leaving`), unless the user says the machine is gone for good (`--force`).
+  A node known never to have served (`never_served`: listed as not started when the
+  map was written, and no record of its going live since) holds nothing: it may leave
+  at once, weight and report aside (a machine added by mistake, or never set up);
 * at least one node owns slots; a map equal to the current one is not written again
   (that would make every node wait at a gate for nothing).
 """
@@ -20,7 +23,7 @@ Rules, each a refusal with its reason (RemapRefused):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import AbstractSet, Iterable, Mapping, Sequence
 
 
 class RemapRefused(ValueError):
@@ -33,6 +36,7 @@ class Remap:
     weights: dict[str, int]
     owners: tuple[str, ...]
     moves: dict[tuple[str, str], int]   # (from node, to node) → slots
+    unstarted: tuple[str, ...] = ()     # nodes of the new map known never to have served
 
     @property
     def moved(self) -> int:
@@ -41,15 +45,15 @@ class Remap:
     def as_map(self, pinned: Sequence[str]) -> dict:
         """The map znode's JSON, with its gate: the nodes serve no client under it until
         every node has moved out what it no longer owns (cluster/zkgate.py)."""
-        return map_record(self.nodes, self.weights, self.owners, pinned, gate=True)
+        return map_record(self.nodes, self.weights, self.owners, pinned, gate=True, unstarted=self.unstarted)
 
 
 def map_record(nodes: Sequence[str], weights: Mapping[str, int], owners: Sequence[str], pinned: Iterable[str],
-               *, gate: bool = False) -> dict:
+               *, gate: bool = False, unstarted: Iterable[str] = ()) -> dict:
     """The slot map znode's JSON (cluster/membership.py): as the first node makes it from
-    its configuration, and as a remap writes it (`gate`)."""
+    its configuration (every node `unstarted`), and as a remap writes it (`gate`)."""
     record = {"nodes": list(nodes), "weights": dict(weights), "slots": len(owners), "owners": list(owners),
-              "pinned": sorted(pinned)}
+              "pinned": sorted(pinned), "unstarted": list(unstarted)}
     if gate:
         record["gate"] = True
     return record
@@ -86,8 +90,19 @@ def rebalance(owners: Sequence[str], nodes: Sequence[str], weights: Mapping[str,
     return tuple(owner if owner is not None else next(hungry) for owner in new)
 
 
-def plan_remap(current: Mapping, nodes: Sequence[str], weights: Mapping[str, int]) -> Remap:
-    """The new map from the current map znode's JSON and the wanted nodes and weights."""
+def never_served(current: Mapping, served: Iterable[str]) -> frozenset[str]:
+    """The nodes of the current map (its znode's JSON) known never to have served:
+    listed `unstarted` when the map was written (a map of an older version lists none)
+    and with no record of going live since (`served`: cluster/membership.py writes one
+    before a node first takes its live znode).  Nothing was ever placed on such a node:
+    a gate waits for every node of its map, and moves wait for their target to be live."""
+    return frozenset(current.get("unstarted", ())) - frozenset(served)
+
+
+def plan_remap(current: Mapping, nodes: Sequence[str], weights: Mapping[str, int], *,
+               unserved: AbstractSet[str] = frozenset()) -> Remap:
+    """The new map from the current map znode's JSON and the wanted nodes and weights;
+    `unserved`: the current map's nodes known never to have served (`never_served`)."""
     nodes = tuple(nodes)
     if not nodes or len(set(nodes)) != len(nodes):
         raise RemapRefused("the nodes must be named, each once")
@@ -97,7 +112,7 @@ def plan_remap(current: Mapping, nodes: Sequence[str], weights: Mapping[str, int
     old_owners = tuple(current["owners"])
     old_weights = current.get("weights", {})
     leaving = [n for n in current["nodes"] if n not in nodes]
-    owning = sorted(n for n in leaving if n in old_owners or old_weights.get(n, 1) != 0)
+    owning = sorted(n for n in leaving if n not in unserved and (n in old_owners or old_weights.get(n, 1) != 0))
     if owning:
         raise RemapRefused(f"node(s) {', '.join(owning)} still own slots: give them weight 0 first (a remap), "
                            f"let them empty, then leave them out")
@@ -109,7 +124,8 @@ def plan_remap(current: Mapping, nodes: Sequence[str], weights: Mapping[str, int
     for old, new in zip(old_owners, owners):
         if old != new:
             moves[(old, new)] = moves.get((old, new), 0) + 1
-    return Remap(nodes, full, owners, moves)
+    unstarted = tuple(n for n in nodes if n not in current["nodes"] or n in unserved)
+    return Remap(nodes, full, owners, moves, unstarted)
 
 
 @dataclass(frozen=True)
@@ -131,12 +147,16 @@ class Holdings:
                    tuple(str(q) for q in record.get("queues", ())))
 
 
-def check_leaving(leaving: Sequence[str], reports: Mapping[str, Holdings | None], epoch: int) -> None:
+def check_leaving(leaving: Sequence[str], reports: Mapping[str, Holdings | None], epoch: int,
+                  unserved: AbstractSet[str] = frozenset()) -> None:
     """RemapRefused unless every node that leaves the map reported, at its last stop
     under the current map (`epoch`), that it held nothing: a node's queues go to their
-    owners only while it runs, so one left out before that would strand them."""
+    owners only while it runs, so one left out before that would strand them.  A node
+    that never served (`unserved`) holds nothing and needs no report."""
     why = []
     for node in leaving:
+        if node in unserved:
+            continue
         held = reports.get(node)
         if held is None:
             why.append(f"node {node} has not reported what it holds (it was killed, or has not stopped since "

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from amqpbroker.core.placement import spread
-from amqpbroker.core.remap import Holdings, RemapRefused, check_leaving, describe, plan_remap, rebalance, targets
+from amqpbroker.core.remap import (Holdings, RemapRefused, check_leaving, describe, map_record, never_served, plan_remap,
+                                   rebalance, targets)
 
 
 def current(nodes, weights=None, slots=256):
@@ -104,3 +105,34 @@ def test_every_leaving_node_is_named_and_a_report_reads_back_as_written():
     check_leaving([], {}, 3)
     held = Holdings(5, 10, 2, ("q1", "q2"))
     assert Holdings.from_record(held.as_record()) == held
+
+
+@pytest.mark.parametrize("record, served, want", [
+    ({"unstarted": ["a", "b", "c"]}, ["a", "b"], {"c"}),   # c was added and never went live
+    ({"unstarted": ["a", "b", "c"]}, ["a", "b", "c"], set()),
+    ({"unstarted": []}, [], set()),                       # every node had served when the map was written
+    ({}, [], set()),                                      # a map of an older version: nothing is known
+])
+def test_a_node_never_served_when_the_map_lists_it_unstarted_and_it_has_not_gone_live_since(record, served, want):
+    assert never_served({"nodes": ["a", "b", "c"], **record}, served) == want
+
+
+def test_a_node_that_never_served_leaves_at_once_without_weight_zero_or_a_report():
+    old = {**current(["a", "b", "c"]), "unstarted": ["c"]}
+    with pytest.raises(RemapRefused, match="node.s. c still own slots"):
+        plan_remap(old, ["a", "b"], {})                        # c served (or nothing is known): refused
+    gone = plan_remap(old, ["a", "b"], {}, unserved=frozenset({"c"}))
+    assert "c" not in gone.owners and gone.nodes == ("a", "b")
+    assert sum(gone.owners.count(n) for n in "ab") == 256
+    check_leaving(["c"], {}, 3, frozenset({"c"}))              # no report needed
+    with pytest.raises(RemapRefused, match="node b has not reported"):
+        check_leaving(["b", "c"], {}, 3, frozenset({"c"}))     # the other leaving node still is checked
+
+
+def test_the_written_map_lists_the_nodes_known_never_to_have_served():
+    first = map_record(["a", "b"], {"a": 1, "b": 1}, spread(["a", "b"], None, 256), [], unstarted=["a", "b"])
+    assert first["unstarted"] == ["a", "b"] and "gate" not in first
+    added = plan_remap(first, ["a", "b", "c", "d"], {}, unserved=frozenset({"b"}))
+    assert added.unstarted == ("b", "c", "d")                 # a served; c and d are new
+    assert added.as_map([])["unstarted"] == ["b", "c", "d"]
+    assert plan_remap(first, ["a", "b", "c"], {}).unstarted == ("c",)

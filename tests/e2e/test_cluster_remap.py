@@ -380,3 +380,48 @@ def test_a_machine_leaves_the_map_only_once_it_reported_being_empty(nodes):
     assert drain_queue(a.url, queue) == list(range(30))
     for proc in (a, b):
         assert "Traceback" not in proc.log_text()
+
+
+def served_znodes(nodes) -> set[str]:
+    """The nodes of the cluster that have a `served` record (cluster/membership.py)."""
+    from kazoo.client import KazooClient
+    client = KazooClient(hosts=nodes.zk.hosts, timeout=10)
+    client.start(10)
+    try:
+        path = f"/amqpbroker-cluster/{nodes.name}/served"
+        return set(client.get_children(path)) if client.exists(path) else set()
+    finally:
+        client.stop()
+        client.close()
+
+
+def test_a_machine_added_that_never_served_leaves_the_map_at_once(nodes):
+    """A machine added by mistake (a name never started): the nodes wait at the new
+    map's gate for it.  Since it never went live, nothing was ever placed there: the
+    remap without it needs no weight 0 first, no report and no --force, and what was
+    on its way to it stays with the others."""
+    queue, topic = moving("qn", same, "b", "c"), moving("tn", topic_key, "a", "c")
+    a, b = nodes.start("a", ["a", "b"]), nodes.start("b", ["a", "b"])
+    subscribe(a.url, topic, "sub-unserved")
+    publish(a.url, f"amq.topic/{topic}", range(20))
+    publish(a.url, queue, range(30))
+    a.stop()
+    b.stop()
+    assert nodes.remap(["a", "b", "c"]).returncode == 0
+    a, b = nodes.start("a", ["a", "b", "c"]), nodes.start("b", ["a", "b", "c"])
+    a.wait_for_log(r"durable subscription 'sub-unserved' .* waits for node c to be live", timeout=60)
+    a.stop()
+    b.stop()
+    assert served_znodes(nodes) == {"a", "b"}
+
+    left = nodes.remap(["a", "b"])
+    assert left.returncode == 0, left.stderr
+    assert "leaving: c (never served: it holds nothing)" in left.stdout and "--force" not in left.stdout
+    refused = nodes.remap(["a"], "--dry-run")   # b served: leaving it out needs weight 0 and its report
+    assert refused.returncode == 1 and "node(s) b still own slots" in refused.stderr, refused.stderr
+    a, b = nodes.start("a", ["a", "b"]), nodes.start("b", ["a", "b"])
+    wait_serving((a, b), 2)
+    assert drain_subscription(b.url, topic, "sub-unserved") == list(range(20))
+    assert drain_queue(a.url, queue) == list(range(30))
+    for proc in (a, b):
+        assert "Traceback" not in proc.log_text()
