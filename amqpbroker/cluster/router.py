@@ -30,6 +30,7 @@ from ..core.placement import (
     client_home,
     map_id,
     misplaced_subscriptions,
+    partition_history,
     movable,
     partition_members,
     place_link,
@@ -219,6 +220,7 @@ class Router:
         self.client_address: Callable[[str], tuple[str, Any]] = lambda node: ("", 0)
         self.moves_allowed = False   # serve --workers: misplaced subscriptions move (cluster/moves.py)
         self.to_move: list[HeldSubscription] = []
+        self.formerly: dict[str, int] = {}   # partitioned when this store was last started, plain now
         self.gate: str | None = None   # why clients wait: a remapped map's start gate is shut (cluster/zkgate.py)
 
     def describe(self) -> dict:
@@ -571,14 +573,22 @@ class Router:
         whose topic another node owns under this map (core/placement.py
         `misplaced_subscriptions`) are kept in `to_move` when this node may move them
         (`moves_allowed`: a `--workers` start, behind its gate; cluster/moves.py);
-        else, and for one whose topic became partitioned, the start is refused
-        (MisplacedSubscriptions)."""
+        else, and for one whose topic became partitioned, or plain again (a member's
+        copy), the start is refused (MisplacedSubscriptions).  The partitioned
+        destinations this store knew and are plain now (`formerly`) are what the
+        shovels merge member queues by (cluster/unpartition.py)."""
+        from .unpartition import read_history, write_history
+        store = self.server.store
         held = [held_as(s) for s in self.server.subscriptions.subscriptions.values() if s.durable]
-        misplaced = misplaced_subscriptions(held, self.node, self.slots, self.exchanges)
+        stored = read_history(store)
+        self.formerly, history = partition_history(stored, self.slots,
+                                                   [h.topic for h in held] + list(self.server.broker.queues))
+        misplaced = misplaced_subscriptions(held, self.node, self.slots, self.exchanges, self.formerly)
         stuck = [m for m in misplaced if not (self.moves_allowed and movable(m, self.node))]
         if stuck:
             raise MisplacedSubscriptions(self.node, stuck)
         self.to_move = misplaced
+        write_history(store, stored, history)
 
     def _once_committed(self, handler: Any, link: Any) -> LocalAttach:
         """A move's link answered (and so its subscription taken by the node it leaves)

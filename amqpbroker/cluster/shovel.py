@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Any
+from typing import Any, Mapping
 
 from cproton import ffi, lib
 from proton import Condition
 
 from ..core.addresses import TEMP_PREFIX
-from ..core.placement import Forward, SlotMap, former_member, map_id, member_node, owning_key, slot_of
+from ..core.placement import (Forward, SlotMap, former_member, former_plain, map_id, member_node, owning_key,
+                              partition_members, slot_of)
 from ..core.queues import Outcome
 from .deliveries import Tags, is_null
 from .peer import PeerConnection
@@ -45,18 +46,32 @@ def misplaced_owner(name: str, here: str, slots: SlotMap, exchanges: Any) -> str
     return None if found is None else found[0]
 
 
-def misplaced_target(name: str, here: str, slots: SlotMap, exchanges: Any) -> tuple[str, str] | None:
+def misplaced_target(name: str, here: str, slots: SlotMap, exchanges: Any,
+                     formerly: Mapping[str, int] | None = None) -> tuple[str, str] | None:
     """(owner, the address there) of queue `name` if another node owns it: its own
     name, or for a member its partitioned queue no longer has (`orders.p2` of `orders`
-    now over 2), member 0 (core/placement.py `former_member`)."""
+    now over 2), member 0 (core/placement.py `former_member`); for a member of a queue
+    that is plain now (`formerly`: core/placement.py `former_plain`), that queue, at its
+    owner; for a queue that is partitioned now, its member 0.  The owner may be this
+    node (Shovels then moves the messages in-process: cluster/unpartition.py)."""
     if name.startswith((SUBSCRIPTION_PREFIX, TEMP_PREFIX)):
         return None
     former = former_member(name, slots)
     if former is not None:
         return former[1], former[0]
+    base = former_plain(name, slots, formerly or {})
+    if base is not None:
+        key = owning_key(base, topic=False, exchanges=exchanges, pinned=slots.pinned)
+        if key.exchange is None:
+            return slots.owners[slot_of(key.key, slots.slots)], base
     target = owning_key(name, topic=False, exchanges=exchanges, pinned=slots.pinned)
-    if target.exchange is not None or target.key in slots.partitioned:
+    if target.exchange is not None:
         return None
+    if target.key in slots.partitioned:
+        # A plain queue made partitioned (or made plain and partitioned again): nobody
+        # reads its own name any more (consumers read the members); member 0 takes it.
+        address, owner = partition_members(target.key, slots.partitioned[target.key], slots)[0]
+        return owner, address
     # A member of a partitioned queue (`orders.p1`) lives on its member's node, not at
     # the hash of its name (core/placement.py).
     owner = member_node(target.key, slots) or slots.owners[slot_of(target.key, slots.slots)]
@@ -198,6 +213,7 @@ class Shovels:
         self.peers: dict[str, PeerConnection] = {}
         self.timer: Any = None
         self.moved_total = 0
+        self.told: set[str] = set()   # queues whose in-process merge was refused (said once: unpartition.py)
 
     def start(self) -> None:
         broker = self.server.broker
@@ -217,7 +233,8 @@ class Shovels:
         """A queue appeared here (recovered, configured, or named into being by a dead
         letter): if another node owns it, a shovel is attached at once, so what lands
         in it goes on without waiting for a look."""
-        found = misplaced_target(queue.name, self.node, self.router.slots, self.router.exchanges)
+        found = misplaced_target(queue.name, self.node, self.router.slots, self.router.exchanges,
+                                 self.router.formerly)
         if found is not None:
             self.misplaced[queue.name] = found
             self.server.loop.call_soon(self._ensure, queue.name)
@@ -226,6 +243,11 @@ class Shovels:
         found = self.misplaced.get(name)
         queue = self.server.broker.queues.get(name)
         if found is None or queue is None or name in self.active or not self.router.slots.available(found[0]):
+            return
+        if found[0] == self.node:   # a queue whose partitioning changed, merged into one this node owns
+            from .unpartition import LocalMerge
+            merge = self.active[name] = LocalMerge(self, queue, found[1])
+            merge.start()
             return
         link = self.active[name] = ShovelLink(self, queue, *found)
         link.start()
@@ -245,7 +267,7 @@ class Shovels:
             if name not in self.active and queues[name].ready_count:
                 self._ensure(name)
 
-    def stopped(self, link: ShovelLink) -> None:
+    def stopped(self, link: Any) -> None:
         self.moved_total += link.moved
         if self.active.get(link.queue.name) is link:
             del self.active[link.queue.name]

@@ -421,6 +421,37 @@ def former_member(address: str, slots: SlotMap) -> tuple[str, str] | None:
     return partition_members(named[0], count, slots)[0]
 
 
+def former_plain(address: str, slots: SlotMap, formerly: Mapping[str, int]) -> str | None:
+    """The destination a member name belonged to while it was partitioned, now that
+    it is plain (`orders.p1` of `orders`, partitioned over 2 before and not at all now):
+    what is left in the member goes there.  `formerly`: the destinations this node's
+    store knows were partitioned and are no longer (`partition_history`), so a plain
+    destination that happens to be named like a member is never taken for one; None
+    for any other name."""
+    named = member_name(address)
+    if named is None or named[0] in slots.partitioned or named[1] >= formerly.get(named[0], 0):
+        return None
+    return named[0]
+
+
+def partition_history(stored: Mapping[str, int], slots: SlotMap,
+                      held: Iterable[str]) -> tuple[dict[str, int], dict[str, int]]:
+    """(formerly, to store) from the partitioned destinations this node's store was
+    last started with (`stored`: owning key → member count), today's, and the names it
+    holds (queues, subscriptions' bindings as addresses).  `formerly`: those partitioned
+    then and plain now; stored again: today's, and each former one while this node
+    still holds a name of one of its members (its merge is not over: a crash, or a
+    queue emptied by its shovel but not deleted).  A destination partitioned again
+    with fewer members keeps the larger count until its dropped members are gone."""
+    formerly = {key: count for key, count in stored.items() if key not in slots.partitioned}
+    history = dict(slots.partitioned)
+    for named in filter(None, map(member_name, held)):
+        base, index = named
+        if index < stored.get(base, 0) and index >= history.get(base, 0):   # a member not (yet) merged
+            history[base] = stored[base]
+    return formerly, history
+
+
 def member_node(key: str, slots: SlotMap) -> str | None:
     """The node of a member address named directly (`orders.p1`): its member's node,
     never its own hash, so every way to a member leads to the same node."""
@@ -474,7 +505,8 @@ class HeldSubscription:
 
 
 def misplaced_subscriptions(held: Iterable[HeldSubscription], here: str, slots: SlotMap,
-                            exchanges: Mapping[str, str]) -> list[HeldSubscription]:
+                            exchanges: Mapping[str, str],
+                            formerly: Mapping[str, int] | None = None) -> list[HeldSubscription]:
     """The durable subscriptions held `here` whose topic another node owns under `slots`
     (every node counted as up: ownership, not liveness).  Only a change of the map puts
     one there (another `--workers` count or weights, other pinned or partitioned
@@ -483,11 +515,19 @@ def misplaced_subscriptions(held: Iterable[HeldSubscription], here: str, slots: 
     it here (cluster/guard.py, JMS 2.0 §6.11), backlog and all.  One whose topic has one
     owner (`node`) is moved there, one whose topic became partitioned to every member
     (`members`), and a copy on a member its topic no longer has into member 0's copy,
-    before any node serves a client (cluster/moves.py, `--workers` only); otherwise the
-    node must not start (cluster/node.py)."""
+    before any node serves a client (cluster/moves.py, `--workers` or behind a remap's
+    gate); otherwise the node must not start (cluster/node.py).  A copy on a member of
+    a topic that is plain again (`formerly`, `former_plain`) cannot move (its members'
+    copies are not merged: docs/cluster.md "Not done yet"): the node must not start, so
+    that no attach on the plain topic replaces it, backlog and all."""
     every = slots.with_live(slots.nodes)
     out = []
     for sub in held:
+        base = former_plain(sub.topic, every, formerly or {})
+        if base is not None:
+            out.append(HeldSubscription(sub.name, sub.topic, f"nobody: {base} is no longer partitioned, and its "
+                                                             f"members' copies are not merged", sub.queue))
+            continue
         former = former_member(sub.topic, every)
         if former is not None:   # its member is no more: what it holds goes to member 0's copy
             out.append(HeldSubscription(sub.name, sub.topic, f"member {former[0]} on {former[1]}", sub.queue,
