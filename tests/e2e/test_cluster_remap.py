@@ -303,6 +303,17 @@ def test_partitioned_destinations_keep_every_message_when_their_members_move(nod
         assert "Traceback" not in proc.log_text()
 
 
+def with_backlog(nodes, queue: str, topic: str, sub: str) -> None:
+    """a and b under the map [a, b]: 30 messages in `queue`, durable subscription `sub`
+    on `topic` with 20; then both stopped."""
+    a, b = nodes.start("a", ["a", "b"]), nodes.start("b", ["a", "b"])
+    subscribe(a.url, topic, sub)
+    publish(a.url, f"amq.topic/{topic}", range(20))
+    publish(a.url, queue, range(30))
+    a.stop()
+    b.stop()
+
+
 def queue_depth(proc: BrokerProcess, name: str) -> int:
     return sum(q["depth"] for q in api(proc, f"/api/queues?name={name}&limit=10") if q["name"] == name)
 
@@ -313,12 +324,7 @@ def test_a_machine_leaves_the_map_only_once_it_reported_being_empty(nodes):
     reason: its report is from the map before (it never moved anything out), it was
     killed (no report), or it stopped holding messages."""
     queue, topic = moving("qr", same, "b", "b"), moving("tr", topic_key, "b", "b")
-    a, b = nodes.start("a", ["a", "b"]), nodes.start("b", ["a", "b"])
-    subscribe(a.url, topic, "sub-leaving")
-    publish(a.url, f"amq.topic/{topic}", range(20))
-    publish(a.url, queue, range(30))
-    a.stop()
-    b.stop()
+    with_backlog(nodes, queue, topic, "sub-leaving")
     nodes.extra = "weights = { b = 0 }\n"
     emptied = nodes.remap(["a", "b"])
     assert emptied.returncode == 0, emptied.stderr
@@ -401,12 +407,7 @@ def test_a_machine_added_that_never_served_leaves_the_map_at_once(nodes):
     remap without it needs no weight 0 first, no report and no --force, and what was
     on its way to it stays with the others."""
     queue, topic = moving("qn", same, "b", "c"), moving("tn", topic_key, "a", "c")
-    a, b = nodes.start("a", ["a", "b"]), nodes.start("b", ["a", "b"])
-    subscribe(a.url, topic, "sub-unserved")
-    publish(a.url, f"amq.topic/{topic}", range(20))
-    publish(a.url, queue, range(30))
-    a.stop()
-    b.stop()
+    with_backlog(nodes, queue, topic, "sub-unserved")
     assert nodes.remap(["a", "b", "c"]).returncode == 0
     a, b = nodes.start("a", ["a", "b", "c"]), nodes.start("b", ["a", "b", "c"])
     a.wait_for_log(r"durable subscription 'sub-unserved' .* waits for node c to be live", timeout=60)

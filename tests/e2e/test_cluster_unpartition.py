@@ -28,11 +28,10 @@ import signal
 import time
 
 import pytest
-from proton import Delivery, Message, Timeout
 
 from tests.client import connect
 from tests.cluster_process import ClusterProcess, ZkCluster
-from tests.e2e.helpers_delivery import fetch, receiver, sender, settle
+from tests.e2e.helpers_delivery import drain_bodies, receiver, send_bodies
 from tests.e2e.jms_links import durable_consumer
 
 pytestmark = pytest.mark.e2e
@@ -48,25 +47,12 @@ def config(topic: bool = False, queue: bool = False) -> str | None:
 
 def send(url: str, address: str, bodies) -> None:
     conn = connect(url)
-    snd = sender(conn, address)
-    for body in bodies:
-        snd.send(Message(body=body, durable=True))
+    send_bodies(conn, address, list(bodies), durable=True)
     conn.close()
 
 
 def member_bodies(m: int, count: int) -> list[int]:
     return [100_000 * m + i for i in range(count)]
-
-
-def numbered(conn, rcv, quiet: float = 3.0) -> list[int]:
-    seen = []
-    while True:
-        try:
-            msg, dlv = fetch(conn, rcv, quiet)
-        except Timeout:
-            return seen
-        seen.append(int(msg.body))
-        settle(dlv, Delivery.ACCEPTED)
 
 
 def assert_each_member_in_order(seen: list[int], count: int, members: int = 3, copies: int = 0) -> None:
@@ -116,8 +102,8 @@ def test_a_partitioned_queue_made_plain_keeps_every_message_under_its_name(tmp_p
     try:
         wait_members_empty(cl)
         conn = connect(cl.url)
-        queued = numbered(conn, receiver(conn, QUEUE, credit=50))
-        kept = numbered(conn, receiver(conn, LOOKALIKE, credit=10))
+        queued = drain_bodies(conn, receiver(conn, QUEUE, credit=50), timeout=3.0)
+        kept = drain_bodies(conn, receiver(conn, LOOKALIKE, credit=10), timeout=3.0)
         conn.close()
         send(cl.url, QUEUE, range(20, 26))   # and partitioned again: they go into member 0
         log_text = cl.log_text()
@@ -129,7 +115,7 @@ def test_a_partitioned_queue_made_plain_keeps_every_message_under_its_name(tmp_p
     cl = ClusterProcess(data, workers=3, weights=None, config=config(queue=True)).start()
     try:
         conn = connect(cl.url)
-        again = numbered(conn, receiver(conn, QUEUE, credit=50))
+        again = drain_bodies(conn, receiver(conn, QUEUE, credit=50), timeout=3.0)
         conn.close()
         log_text += cl.log_text()
     finally:
@@ -156,7 +142,7 @@ def test_a_merge_cut_by_kill_9_goes_on_at_the_next_start_and_loses_nothing(tmp_p
     try:
         wait_members_empty(cl)
         conn = connect(cl.url)
-        queued = numbered(conn, receiver(conn, QUEUE, credit=200))
+        queued = drain_bodies(conn, receiver(conn, QUEUE, credit=200), timeout=3.0)
         conn.close()
         log_text = cl.log_text()
     finally:
@@ -175,7 +161,7 @@ def make_copies(url: str) -> None:
 
 def read_copies(url: str) -> list[int]:
     conn = connect(url, container_id="app-unp")
-    got = numbered(conn, durable_consumer(conn, TOPIC, "sub-unp", credit=50))
+    got = drain_bodies(conn, durable_consumer(conn, TOPIC, "sub-unp", credit=50), timeout=3.0)
     conn.close()
     return got
 
