@@ -236,10 +236,12 @@ class Membership:
 
     async def _take_live_once(self) -> None:
         from kazoo.exceptions import NodeExistsError, NoNodeError
-        waited = False
+        waited = marked = False
         while not self._stopping:
             try:
-                await self._call(self._mark_served)
+                if not marked:
+                    await self._call(self._mark_served)
+                    marked = True
                 await self._call(lambda: self.client.create(self.me, json.dumps(self.info).encode(),
                                                             ephemeral=True))
                 return self._live_now()

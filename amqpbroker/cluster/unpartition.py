@@ -27,6 +27,7 @@ import logging
 from typing import Any
 
 from ..core.moves import Move, MoveRefused
+from ..store.base import write_refusal
 
 log = logging.getLogger("amqpbroker.cluster")
 
@@ -68,22 +69,35 @@ class LocalMerge:
         self.move: Move | None = None
 
     def start(self) -> None:
-        try:
-            self.move = Move(self.shovels.server.broker, self.queue, to=self.target, replay=False,
-                             op=f"merge-{self.queue.name}")
-        except MoveRefused as exc:   # e.g. no such queue and no auto-create: said once, tried again each look
-            if self.queue.name not in self.shovels.told:
-                self.shovels.told.add(self.queue.name)
-                log.warning("queue '%s': cannot move its messages into '%s' (its destination's partitioning "
-                            "changed): %s", self.queue.name, self.target, exc)
-            self.stop()
+        why = write_refusal(self.shovels.server.store)
+        if why is None:
+            try:
+                self.move = Move(self.shovels.server.broker, self.queue, to=self.target, replay=False,
+                                 op=f"merge-{self.queue.name}")
+            except MoveRefused as exc:   # e.g. no such queue and no auto-create
+                why = str(exc)
+        if why is not None:   # said once; tried again at each look (cluster/shovel.py Shovels.look)
+            self._refused(why)
             return
         log.info("queue '%s': moving %d message(s) into '%s' (its destination's partitioning changed)",
                  self.queue.name, self.move.report.total, self.target)
         self.shovels.server.loop.call_soon(self._step)
 
+    def _refused(self, why: str) -> None:
+        if self.queue.name not in self.shovels.told:
+            self.shovels.told.add(self.queue.name)
+            log.warning("queue '%s': cannot move its messages into '%s' (its destination's partitioning "
+                        "changed): %s", self.queue.name, self.target, why)
+        self.stop()
+
     def _step(self) -> None:
         if self.stopped or self.move is None:
+            return
+        why = write_refusal(self.shovels.server.store)
+        if why is not None:   # a copy's batch would fail while the removal is kept (store/batch.py)
+            self.move.cancel(why)
+            self.moved = self.move.report.moved
+            self._refused(why)
             return
         done = self.move.step()
         self.moved = self.move.report.moved

@@ -29,6 +29,7 @@ from ..core.browsing import message_view
 from ..core.message import Message
 from ..core.moves import Move, MoveRefused, compile_filter, selects
 from ..core.selectors import TURN_BUDGET, SelectorBudgetExceeded, spent
+from ..store.base import write_refusal
 from .admin import Admin, AdminError, Conflict, NotFound
 from .jobs import Job, Jobs
 
@@ -120,7 +121,7 @@ class MessageOps:
         move = job.move
         started = time.monotonic()
         while True:
-            refusal = self._store_refuses()
+            refusal = write_refusal(self.managed.store)
             if refusal is not None:
                 move.cancel(refusal)
                 break
@@ -133,14 +134,6 @@ class MessageOps:
                  job.queue, job.who, job.id, view["moved"],
                  ", ".join(f"{k}: {v}" for k, v in view["destinations"].items()) or "-", view["skipped"],
                  f", stopped: {view['stopped']}" if view["stopped"] else "", time.monotonic() - started)
-
-    def _store_refuses(self) -> str | None:
-        """A store that refuses durable writes (full, degraded) would fail the batch
-        that carries a copy while keeping the removal (store/batch.py fail): stop."""
-        store = self.managed.store
-        if getattr(store, "full", False) or getattr(store, "degraded", None):
-            return "the store refuses writes now (full or degraded); nothing more moved"
-        return None
 
     # ------------------------------------------------------------------ backup
 

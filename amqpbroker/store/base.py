@@ -65,6 +65,15 @@ class Snapshot:
     next_msg_id: int = 1
 
 
+def write_refusal(store: Any) -> str | None:
+    """Why `store` refuses durable writes now (full, or degraded after a fault), or
+    None.  A move of messages between queues must stop then: the batch that carries a
+    copy would fail while the removal is kept (store/batch.py `Batch.fail`)."""
+    if getattr(store, "full", False) or getattr(store, "degraded", None):
+        return "the store refuses writes now (full or degraded); nothing more moved"
+    return None
+
+
 class Store:
     """No persistence: every call is accepted and forgotten; callbacks run at once."""
 
