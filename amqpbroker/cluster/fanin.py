@@ -87,9 +87,8 @@ class LocalFirstFanIn(FanInConsumer):
         else:
             self._attach_local()
 
-    def member_ready(self) -> None:
-        if self.state == "attaching" and all(m.attached for m in self.members):
-            self._attach_local()
+    def all_attached(self) -> None:
+        self._attach_local()
 
     def _attach_local(self) -> None:
         h, link = self.handler, self.link
@@ -99,8 +98,9 @@ class LocalFirstFanIn(FanInConsumer):
             self.local = h.attacher.attach(link, self.own)
         except AttachRefused as refused:
             h.server.forget_link(h, link)
-            self._detach_members(False)   # never an unsubscribe (FanInConsumer.member_detached)
-            self.refuse_client(Condition(refused.condition, refused.description))
+            # What the other members' attaches created there goes; nothing else
+            # (FanInConsumer.refuse_after_withdrawing).
+            self.refuse_after_withdrawing(Condition(refused.condition, refused.description))
             return
         self.state = "open"
         self.attach_answered()

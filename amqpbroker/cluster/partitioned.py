@@ -40,9 +40,10 @@ from proton import Condition, Link
 from ..core.message import MalformedMessage, Message
 from ..core.placement import UNAVAILABLE, Partitioned
 from ..core.settlement import LinkEnding
-from ..server.attach import STANDBY
+from ..server.attach import CREATED, STANDBY
 from ..server.refusal import detach_with_condition
 from ..server.links import LATE_OUTCOME_WINDOW, flow_up_to, link_credit
+from ..server.peer_fields import link_property
 from .deliveries import RELEASED, Tags, copy_outcome, is_null
 from .relay import RelayLink
 from .sends import Outgoing, write_state
@@ -226,14 +227,18 @@ class MemberReceiver:
         m.source.copy(link.remote_source)
         if address is not None:   # None: the client's own source (a null-source lookup)
             m.source.address = address
+        props = {CREATED: True}   # told when this attach creates the subscription there
         if fanin.standby_members:   # the member's own node's consumers first (server/attach.py)
-            m.properties = {STANDBY: True}
+            props[STANDBY] = True
+        m.properties = props
         m.target.copy(link.remote_target)
         m.snd_settle_mode = link.remote_snd_settle_mode
         m.rcv_settle_mode = link.remote_rcv_settle_mode
         m.open()
         self.mirror, self.mimpl, self.mirror_session = m, m._impl, ssn
         self.attached = False
+        self.created = False   # this attach created the durable subscription there
+        self.withdrawn = False
         self.detached = False
         self.condition: Condition | None = None
         self.draining = False
@@ -243,7 +248,19 @@ class MemberReceiver:
     def on_peer_attach(self) -> None:
         if not is_null(self.mirror.remote_source):   # a null source: refused, the detach follows
             self.attached = True
+            self.created = link_property(self.mirror, CREATED) is True
             self.fanin.member_ready()
+
+    def withdraw(self) -> None:
+        """The client's attach was refused by another member: what this attach created
+        here goes (closed=true, an unsubscribe: the member's node keeps it when another
+        consumer has attached to it meanwhile, `amqp:resource-locked`); anything else
+        stays (closed=false, AMQP 1.0 §2.6.6)."""
+        self.withdrawn = True
+        m = self.mirror
+        if not (self.detached or self.peer.closed or m.state & Link.LOCAL_CLOSED):
+            m.close() if self.created else m.detach()
+            self.peer.mark_dirty()
 
     def on_peer_detach(self, closed: bool, condition: Condition | None = None) -> None:
         m = self.mirror
@@ -294,7 +311,8 @@ class FanInConsumer:
         self.impl = link._impl
         self.client_session = lib.pn_link_session(self.impl)
         self.targets = targets         # (member address, node) each
-        self.state = "attaching"       # → open → detaching → done
+        self.state = "attaching"       # → open → detaching → done; or → withdrawing → done
+        self.refusal: Condition | None = None   # the member's refusal the client is answered with
         self.client_closed = False
         self.gone = False
         self.tags = Tags()
@@ -335,8 +353,12 @@ class FanInConsumer:
         self.attach_answered()
 
     def member_ready(self) -> None:
-        if self.state != "attaching" or not all(m.attached for m in self.members):
-            return
+        if self.state == "withdrawing":
+            self._withdraw()
+        elif self.state == "attaching" and all(m.attached for m in self.members):
+            self.all_attached()
+
+    def all_attached(self) -> None:
         link, first = self.link, self.members[0].mirror
         address = link.remote_source.address
         link.source.copy(first.remote_source)
@@ -354,13 +376,9 @@ class FanInConsumer:
         if self.gone:
             return
         if self.state == "attaching":        # refused by a member: by all, for the client
-            # closed=false (AMQP 1.0 §2.6.6): a close of a durable subscription's link is
-            # an unsubscribe, so it would delete an existing subscription, backlog and
-            # all, on the members that accepted (a refusal while one member's node is
-            # down is routine).  A subscription this attach created there stays, as after
-            # a client's detach; its retry finds it.
-            self._detach_members(False)
-            self.refuse_client(member.condition)
+            self.refuse_after_withdrawing(member.condition)
+        elif self.state == "withdrawing":
+            self._withdraw()
         elif self.state == "open":           # a member's node ended it: the link ends
             self._detach_members(False)
             self._answer(False, member.condition)
@@ -369,6 +387,28 @@ class FanInConsumer:
             cond = next((m.condition for m in self.members if m.condition is not None), None)
             self._answer(self.client_closed, cond)
             self._done()
+
+    def refuse_after_withdrawing(self, cond: Condition | None) -> None:
+        """The attach is refused for the client; first each member that accepted it
+        takes it back (MemberReceiver.withdraw).  Only what this attach created goes:
+        a close of a durable subscription's link is an unsubscribe, and closing
+        every accepted link deleted existing subscriptions, backlog and all (a refusal
+        while one member's node is down is routine).  The client is answered once no
+        member's answer is still awaited, so that one that has not answered yet is
+        withdrawn by what it answers: detached at once, it would keep a subscription
+        it created for an attach nobody holds."""
+        self.state, self.refusal = "withdrawing", cond
+        self._withdraw()
+
+    def _withdraw(self) -> None:
+        for m in self.members:
+            if m.attached and not m.withdrawn:
+                m.withdraw()
+        if self.state == "withdrawing" and all(m.attached or m.detached for m in self.members):
+            if self.gone:
+                self.state = "done"
+            else:
+                self.refuse_client(self.refusal)
 
     def _detach_members(self, closed: bool) -> None:
         for m in self.members:

@@ -45,6 +45,15 @@ def asks_standby(link: Link) -> bool:
     return link_property(link, STANDBY) is True
 
 
+# A link property, asked and answered: an attach that carries it (any value) is told,
+# by the same property set to true in the reply, that it created the durable
+# subscription it names (a new one, or one made again with new terms).  Another
+# node's fan-in consumer of a partitioned topic asks it (cluster/partitioned.py): a
+# client's attach refused by one member must not leave, on the members that
+# accepted it, a copy that this attach created and that nobody would ever read.
+CREATED = symbol("amqpbroker:created")
+
+
 def temp_name(kind: str, cluster: Any = None) -> str:
     """Addresses of temporary nodes: unguessable, and recognisable in listings; in a
     cluster they name the node that holds them (core/placement.py temp_node)."""
@@ -151,6 +160,9 @@ class ConsumerAttacher:
                                     owner=owner, now=self.broker.clock())
         if decision.decision is Decision.ATTACH_EXISTING and source is None:
             selector = _compile_quiet(sub.binding.selector)
+        if (sub.durable and decision.decision in (Decision.CREATE, Decision.RECREATE)
+                and link_property(link, CREATED) is not None):
+            link.properties = {CREATED: True}
         no_local = sub.binding.no_local
         # A durable subscription exists for the client once the attach reply arrives:
         # send the reply only after its records are on disk.

@@ -33,6 +33,7 @@ from tests.e2e.helpers_delivery import drain_bodies, fetch, receiver, sender, se
 from tests.e2e.jms_links import close, detach, durable_consumer, null_source_attach
 from tests.e2e.test_cluster import owned_by
 from tests.e2e.test_cluster_jms import forwarding_at, member_bodies, members
+from tests.e2e.test_cluster_zk import eventually
 from tests.e2e.test_credit_overdraft import overdraft_run
 
 pytestmark = pytest.mark.e2e
@@ -314,6 +315,40 @@ def test_kill_of_the_other_members_node_ends_a_local_first_consumer_clearly_and_
         cl.stop()
 
 
+def carol_cluster(tmp_path):
+    """Three nodes (n0 owns nothing) and a partitioned topic `rprices`, whose one
+    name carol may consume and, of its members, only the one she is `allowed`:
+    (cluster, the allowed member's node, the other member's node)."""
+    from amqpbroker.core.placement import partition_members, static_map
+
+    slots = static_map(["n0", "n1", "n2"], {"n0": 0, "n1": 1, "n2": 1})
+    (allowed, allowed_node), (_, refused_node) = partition_members("rprices", 2, slots)
+    assert refused_node != allowed_node
+    config = ('[cluster]\nhandoff = false\npartitioned = [{address = "rprices", members = 2, topic = true}]\n'
+              '[users.carol]\npassword = "carol-secret-1"\n'
+              '[management]\nallow_anonymous = true\n'
+              '[anonymous]\npermissions = ["all"]\n'
+              '[[acl]]\nuser = "carol"\npermissions = ["consume"]\npattern = "rprices"\n'
+              f'[[acl]]\nuser = "carol"\npermissions = ["consume"]\npattern = "amq.topic/{allowed}"\n')
+    return ClusterProcess(tmp_path / "data", config=config).start(), allowed_node, refused_node
+
+
+def carol_refused(cluster, node: str, sub: str) -> None:
+    """Carol's attach of the shared durable subscription `sub` at `node`: refused by
+    the member's node she may not consume from."""
+    from proton.utils import LinkDetached
+
+    from tests.e2e.jms_links import shared_consumer
+
+    carol = connect(cluster.node_url(node), user="carol", password="carol-secret-1", allowed_mechs="PLAIN")
+    try:
+        with pytest.raises(LinkDetached) as refused:
+            shared_consumer(carol, "rprices", sub, global_=True, credit=0)
+    finally:
+        carol.close()
+    assert "amqp:unauthorized-access" in str(refused.value), str(refused.value)
+
+
 def test_a_refused_attach_of_a_durable_subscription_never_deletes_its_copies(tmp_path):
     """A shared durable subscription on a partitioned topic, with a backlog on both
     members.  A consumer allowed on one member only attaches through the one name at
@@ -324,20 +359,9 @@ def test_a_refused_attach_of_a_durable_subscription_never_deletes_its_copies(tmp
     which every message published was Accepted and went nowhere (found by
     tests/e2e/test_cluster_partitioned_nemesis.py: an attach refused while a member's
     node was down)."""
-    from proton.utils import LinkDetached
-
-    from amqpbroker.core.placement import partition_members, static_map
     from tests.e2e.jms_links import shared_consumer
 
-    slots = static_map(["n0", "n1", "n2"], {"n0": 0, "n1": 1, "n2": 1})
-    (allowed, allowed_node), (_, refused_node) = partition_members("rprices", 2, slots)
-    config = ('[cluster]\nhandoff = false\npartitioned = [{address = "rprices", members = 2, topic = true}]\n'
-              '[users.carol]\npassword = "carol-secret-1"\n'
-              '[management]\nallow_anonymous = true\n'
-              '[anonymous]\npermissions = ["all"]\n'
-              '[[acl]]\nuser = "carol"\npermissions = ["consume"]\npattern = "rprices"\n'
-              f'[[acl]]\nuser = "carol"\npermissions = ["consume"]\npattern = "amq.topic/{allowed}"\n')
-    cl = ClusterProcess(tmp_path / "data", config=config).start()
+    cl, allowed_node, refused_node = carol_cluster(tmp_path)
     try:
         sub = uid("rsub")
         conn = connect(cl.node_url("n0"))
@@ -347,13 +371,7 @@ def test_a_refused_attach_of_a_durable_subscription_never_deletes_its_copies(tmp
             fill(cl, "amq.topic/rprices", [k * 100 + i for i in range(10)], node=node)
         assert [depth_of(cl, node, sub) for node in ("n1", "n2")] == [10, 10], "a backlog on both members"
         for node in ("n0", allowed_node, refused_node):
-            carol = connect(cl.node_url(node), user="carol", password="carol-secret-1", allowed_mechs="PLAIN")
-            try:
-                with pytest.raises(LinkDetached) as refused:
-                    shared_consumer(carol, "rprices", sub, global_=True, credit=0)
-            finally:
-                carol.close()
-            assert "amqp:unauthorized-access" in str(refused.value), str(refused.value)
+            carol_refused(cl, node, sub)
             depths = [depth_of(cl, n, sub) for n in ("n1", "n2")]
             assert depths == [10, 10], f"after the refused attach at {node}: {depths} (None: copy deleted)"
         conn = connect(cl.node_url("n0"))
@@ -362,7 +380,38 @@ def test_a_refused_attach_of_a_durable_subscription_never_deletes_its_copies(tmp
         finally:
             conn.close()
         assert sorted(got) == sorted(k * 100 + i for k in range(2) for i in range(10)), "every message once"
-        assert refused_node != allowed_node
+    finally:
+        cl.stop()
+
+
+def test_a_refused_attach_leaves_no_copy_it_created(tmp_path):
+    """The same refusal of a subscription that does not exist yet: the member that
+    accepted it created its copy, which nobody would ever read and which would keep
+    every message of its member for ever (a disk filled by a subscription the client
+    was told does not exist).  At each node (no member: both members asked at once,
+    the refusal may come before the other's answer; the refused member's node: the
+    allowed member accepted first, then its own refused; the allowed member's node:
+    the other refused first, nothing created) no copy is left.  A later attach that
+    is allowed makes a new subscription: it gets what is published after it only."""
+    from tests.e2e.jms_links import shared_consumer
+
+    cl, allowed_node, refused_node = carol_cluster(tmp_path)
+    try:
+        for node in ("n0", refused_node, allowed_node):
+            sub = uid("nsub")
+            carol_refused(cl, node, sub)
+            eventually(lambda: all(depth_of(cl, n, sub) is None for n in ("n1", "n2")), timeout=10,
+                       what=f"no copy of '{sub}' left after the refused attach at {node}")
+        for k, node in enumerate(("n1", "n2")):
+            fill(cl, "amq.topic/rprices", [k * 100 + i for i in range(5)], node=node)
+        conn = connect(cl.node_url("n0"))
+        try:
+            rcv = shared_consumer(conn, "rprices", sub, global_=True, credit=100)
+            fill(cl, "amq.topic/rprices", ["after"])
+            got = drain_bodies(conn, rcv, timeout=1.0)
+        finally:
+            conn.close()
+        assert got == ["after"], f"the new subscription holds only what came after it: {got}"
     finally:
         cl.stop()
 
