@@ -28,6 +28,7 @@ from ..core.addresses import TEMP_PREFIX
 from ..core.placement import (Forward, SlotMap, former_member, former_plain, map_id, member_node, owning_key,
                               partition_members, slot_of)
 from ..core.queues import Outcome
+from ..server.producers import Producer
 from .deliveries import Tags, is_null
 from .peer import PeerConnection
 
@@ -254,18 +255,49 @@ class Shovels:
 
     def look(self) -> None:
         """Once a second: a shovel again for each misplaced queue whose shovel stopped
-        (its owner away, or refusing), and queues that are gone forgotten."""
+        (its owner away, or refusing), queues that are gone forgotten, and those a
+        change of partitioning left behind deleted once emptied."""
         self.timer = self.server.loop.call_later(CHECK_INTERVAL, self.look)
         queues = self.server.broker.queues
         for name in list(self.misplaced):
             if name not in queues:
-                del self.misplaced[name]
-                link = self.active.get(name)
-                if link is not None:
-                    link.stop()
+                self._forget(name)
+                continue
+            if self._emptied_leftover(name, queues[name]):
+                address = self.misplaced[name][1]
+                self._forget(name)
+                self.server.broker.delete_queue(name)
+                log.info("queue '%s' deleted: empty, its messages went into '%s' (its destination's "
+                         "partitioning changed)", name, address)
                 continue
             if name not in self.active and queues[name].ready_count:
                 self._ensure(name)
+
+    def _emptied_leftover(self, name: str, queue: Any) -> bool:
+        """A queue whose messages go under another name (a member of a destination
+        that is plain now or has fewer members, or a plain queue made partitioned:
+        `misplaced_target`), holding nothing, in flight included, and read by nobody
+        but its shovel.  Nobody uses that name any more: left, it would stay listed,
+        empty, for ever.  (A queue that only lives on another node keeps its name and
+        is kept: a dead letter names it into being again.)"""
+        address = self.misplaced[name][1]
+        link = self.active.get(name)
+        if address == name or queue.depth or (link is not None and not isinstance(link, ShovelLink)):
+            return False
+        return all(c is link for c in queue.consumers) and not self._sent_to(name)
+
+    def _sent_to(self, name: str) -> bool:
+        """Whether a client's producer link here targets queue `name` (its next message
+        would be refused `amqp:not-found` once the queue is deleted)."""
+        return any(isinstance(e, Producer) and e.target is not None and e.target.name == name
+                   for hs in list(self.server.handlers_by_container.values()) for h in hs
+                   for e in h.endpoints.values())
+
+    def _forget(self, name: str) -> None:
+        self.misplaced.pop(name, None)
+        link = self.active.get(name)
+        if link is not None:
+            link.stop()
 
     def stopped(self, link: Any) -> None:
         self.moved_total += link.moved

@@ -5,7 +5,8 @@ How it could fail, and the test for each:
 * a member queue's messages left under its member's name, which nobody reads any more:
   the plain queue holds every message, once, each member's in order (member 0's moved
   in-process at the queue's owner, the others shovelled there), and the member queues
-  are empty;
+  are deleted once empty (so is the plain queue's own name once it is partitioned
+  again and its messages went into member 0);
 * a plain queue that merely looks like a member (`look.p1`, never partitioned) taken
   for one: it keeps its messages;
 * partitioned again: what was sent to the plain queue meanwhile left under a name nobody
@@ -87,6 +88,19 @@ def fill_members(data, count: int) -> None:
         cl.stop()
 
 
+def listed(cl: ClusterProcess, names: list[str]) -> list[str]:
+    """Those of `names` that some node's management API lists as a queue."""
+    return [q["name"] for node in cl.management_ports()
+            for q in json.loads(cl.get(node, "/api/queues?limit=1000")) if q["name"] in names]
+
+
+def wait_gone(cl: ClusterProcess, names: list[str], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while listed(cl, names) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not listed(cl, names), f"still listed: {listed(cl, names)}"
+
+
 def wait_members_empty(cl: ClusterProcess, timeout: float = 90.0) -> None:
     members = [f"{QUEUE}.p{m}" for m in range(3)]
     deadline = time.monotonic() + timeout
@@ -99,21 +113,27 @@ def test_a_partitioned_queue_made_plain_keeps_every_message_under_its_name(tmp_p
     data = tmp_path / "data"
     fill_members(data, 6)
     cl = ClusterProcess(data, workers=3, weights=None, config=None).start()
+    members = [f"{QUEUE}.p{m}" for m in range(3)]
     try:
         wait_members_empty(cl)
+        wait_gone(cl, members)
         conn = connect(cl.url)
         queued = drain_bodies(conn, receiver(conn, QUEUE, credit=50), timeout=3.0)
         kept = drain_bodies(conn, receiver(conn, LOOKALIKE, credit=10), timeout=3.0)
         conn.close()
         send(cl.url, QUEUE, range(20, 26))   # and partitioned again: they go into member 0
+        # Emptied too, and kept: the plain queue, and the plain one named like a member.
+        assert sorted(listed(cl, [QUEUE, LOOKALIKE])) == sorted([QUEUE, LOOKALIKE])
         log_text = cl.log_text()
     finally:
         cl.stop()
     assert_each_member_in_order(queued, 6)
     assert kept == [7, 8, 9]
     assert f"queue '{QUEUE}.p0': moving 6 message(s) into '{QUEUE}'" in log_text
+    assert f"queue '{QUEUE}.p1' deleted: empty, its messages went into '{QUEUE}'" in log_text
     cl = ClusterProcess(data, workers=3, weights=None, config=config(queue=True)).start()
     try:
+        wait_gone(cl, [QUEUE])   # its messages went into member 0
         conn = connect(cl.url)
         again = drain_bodies(conn, receiver(conn, QUEUE, credit=50), timeout=3.0)
         conn.close()
