@@ -405,10 +405,7 @@ class FanInConsumer:
             if m.attached and not m.withdrawn:
                 m.withdraw()
         if self.state == "withdrawing" and all(m.attached or m.detached for m in self.members):
-            if self.gone:
-                self.state = "done"
-            else:
-                self.refuse_client(self.refusal)
+            self.refuse_client(self.refusal)   # (a client gone meanwhile: `released` ended this)
 
     def _detach_members(self, closed: bool) -> None:
         for m in self.members:

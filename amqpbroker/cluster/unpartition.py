@@ -26,7 +26,7 @@ import json
 import logging
 from typing import Any
 
-from ..core.addresses import AddressKind, AddressNotFound
+from ..core.addresses import AddressNotFound
 from ..core.moves import Move, MoveRefused
 from ..store.base import write_refusal
 
@@ -55,18 +55,6 @@ def write_history(store: Any, stored: dict[str, int], history: dict[str, int]) -
         store.put_record("meta", HISTORY, json.dumps(history, sort_keys=True).encode())
 
 
-def _named_into_being(broker: Any, address: str) -> None:
-    """The merge's target made when it does not exist and addresses name queues into
-    being (policy.auto_create_queues), as the owner's attach does for a shovel's link:
-    a member 0 nobody has sent to yet, or one deleted once emptied (cluster/shovel.py).
-    Otherwise the move is refused (core/moves.py: an explicit target must exist)."""
-    try:
-        if broker.resolve(address).kind is AddressKind.NEW_QUEUE:
-            broker.declare_queue(address, durable=True)
-    except AddressNotFound:
-        pass
-
-
 class LocalMerge:
     """A member of a queue that is plain again, held by that queue's owner (or a
     plain queue made partitioned, held by its member 0's node): its waiting messages
@@ -86,10 +74,15 @@ class LocalMerge:
         if why is None:
             broker = self.shovels.server.broker
             try:
-                _named_into_being(broker, self.target)
+                # A member 0 nobody has sent to yet, or one deleted once emptied
+                # (cluster/shovel.py), is made as the owner's attach makes a shovel's
+                # target; else the move refuses it (an explicit target must exist).
+                broker.resolve_declared(self.target)
                 self.move = Move(broker, self.queue, to=self.target, replay=False,
                                  op=f"merge-{self.queue.name}")
-            except MoveRefused as exc:   # e.g. no such queue and no auto-create
+            except AddressNotFound as exc:   # e.g. no such queue and no auto-create
+                why = exc.why
+            except MoveRefused as exc:
                 why = str(exc)
         if why is not None:   # said once; tried again at each look (cluster/shovel.py Shovels.look)
             self._refused(why)

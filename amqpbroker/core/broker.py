@@ -407,6 +407,16 @@ class Broker:
         bindings = exchange.route(target.key) if target.key is not None else exchange.bindings
         return sorted({b.queue.name for b in bindings})
 
+    def resolve_declared(self, address: str) -> Resolution:
+        """`address` resolved, and the queue it names into being (policy.auto_create_queues)
+        declared now, durable, for a destination the broker itself writes to before any
+        client has named it (the dead-letter queue, a merge's target).  Raises
+        AddressNotFound."""
+        target = self.resolve(address)
+        if target.kind is AddressKind.NEW_QUEUE:
+            self.declare_queue(target.name, durable=True)
+        return target
+
     def declare_dead_letters(self) -> tuple[int, str]:
         """At start (the configuration's check): the queue the dead-letter address names
         is declared (durable) when neither it nor an exchange of that name exists, so
@@ -416,11 +426,9 @@ class Broker:
         if not address:
             return logging.INFO, "no dead-letter address: rejected and over-delivered messages are dropped"
         try:
-            target = self.resolve(address)
+            self.resolve_declared(address)
         except AddressNotFound as exc:
             return logging.WARNING, f"dead-letter address {address} cannot be used: {exc.why}; dead letters are dropped"
-        if target.kind is AddressKind.NEW_QUEUE:
-            self.declare_queue(target.name, durable=True)
         queues = self.dead_letter_queues()
         if not queues:
             return logging.WARNING, (f"dead-letter address {address} routes to no queue (yet): dead letters are "
